@@ -1,0 +1,108 @@
+"""Shared helpers: the head op's result type and its input validation.
+
+Both `ludic_fast.reference` and the backends import this module, so a bad argument gets the same
+error whichever implementation the caller picked.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class HeadOutput(NamedTuple):
+    """Per-token results of the LM head; every tensor has the shape of `targets` and dtype float32.
+
+    logprobs: log p(y_t) at the target (0 where `targets == ignore_index`).
+    entropy:  H_t = -sum_v p_v log p_v (0 at ignored positions), or None when not requested.
+    lse:      log sum_v exp(z_v), the log-partition of the final logits (no gradient).
+    """
+
+    logprobs: Tensor
+    entropy: Tensor | None
+    lse: Tensor
+
+
+def validate_head_inputs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    bias: Tensor | None,
+    logit_scale: float,
+    softcap: float | None,
+    temperature: float | Tensor,
+    ignore_index: int,
+    vocab_size: int | None = None,
+    vocab_start: int = 0,
+) -> None:
+    """Raise TypeError/ValueError naming the bad argument of `linear_logprobs`.
+
+    `vocab_size` is the global vocabulary size when `weight` holds only rows
+    `[vocab_start, vocab_start + V_local)` (vocab-parallel); targets are checked against it.
+    """
+    if not isinstance(hidden, Tensor) or hidden.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"hidden must be a floating-point tensor, got {getattr(hidden, 'dtype', type(hidden))}")
+    if not isinstance(weight, Tensor) or weight.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"weight must be a floating-point tensor, got {getattr(weight, 'dtype', type(weight))}")
+    if not isinstance(targets, Tensor) or targets.dtype.is_floating_point or targets.dtype == torch.bool:
+        raise TypeError(f"targets must be an integer tensor, got {getattr(targets, 'dtype', type(targets))}")
+    if weight.ndim != 2:
+        raise ValueError(f"weight must be 2-D [V, D], got shape {tuple(weight.shape)}")
+    V, D = weight.shape
+    if V == 0 or D == 0:
+        raise ValueError(f"weight must have V > 0 and D > 0, got shape {tuple(weight.shape)}")
+    if hidden.ndim < 1 or hidden.shape[-1] != D:
+        raise ValueError(f"hidden must have shape [..., {D}] to match weight [V, D]; got {tuple(hidden.shape)}")
+    if tuple(targets.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"targets shape {tuple(targets.shape)} must equal hidden.shape[:-1] = {tuple(hidden.shape[:-1])}"
+        )
+    if hidden.device != weight.device or targets.device != weight.device:
+        raise ValueError(
+            f"hidden ({hidden.device}), weight ({weight.device}) and targets ({targets.device}) "
+            "must be on one device"
+        )
+    if bias is not None:
+        if not isinstance(bias, Tensor) or bias.dtype not in _FLOAT_DTYPES:
+            raise TypeError("bias must be a floating-point tensor or None")
+        if tuple(bias.shape) != (V,):
+            raise ValueError(f"bias must have shape [{V}], got {tuple(bias.shape)}")
+    if not isinstance(logit_scale, (int, float)) or isinstance(logit_scale, bool):
+        raise TypeError(f"logit_scale must be a float, got {type(logit_scale).__name__}")
+    if softcap is not None and (not isinstance(softcap, (int, float)) or softcap <= 0):
+        raise ValueError(f"softcap must be a positive float or None, got {softcap!r}")
+    if isinstance(temperature, Tensor):
+        if tuple(temperature.shape) not in ((), tuple(targets.shape)):
+            raise ValueError(
+                f"temperature tensor must be a scalar or have the shape of targets {tuple(targets.shape)}, "
+                f"got {tuple(temperature.shape)}"
+            )
+        if temperature.numel() and bool((temperature <= 0).any()):
+            raise ValueError("temperature must be > 0 everywhere")
+    elif not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
+        raise TypeError(f"temperature must be a float or a tensor, got {type(temperature).__name__}")
+    elif temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if targets.numel():
+        valid = targets != ignore_index
+        if bool(valid.any()):
+            upper = vocab_size if vocab_size is not None else V
+            t = targets[valid]
+            lo, hi = int(t.min()), int(t.max())
+            if lo < 0 or hi >= upper:
+                raise ValueError(
+                    f"targets must lie in [0, {upper}) or equal ignore_index={ignore_index}; "
+                    f"found values in [{lo}, {hi}]"
+                )
+
+
+def per_token_temperature(temperature: float | Tensor, n_tokens: int, device: torch.device) -> Tensor:
+    """Temperature as a flat float64 vector of length `n_tokens` (a scalar is broadcast)."""
+    if isinstance(temperature, Tensor):
+        flat = temperature.to(device=device, dtype=torch.float64).reshape(-1)
+        return flat.expand(n_tokens) if flat.numel() == 1 else flat
+    return torch.full((n_tokens,), float(temperature), device=device, dtype=torch.float64)

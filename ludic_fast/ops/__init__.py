@@ -1,0 +1,102 @@
+"""The head op: per-token logprob / entropy from hidden states and the lm_head weight, with backend dispatch.
+
+    z = softcap(logit_scale * (h W^T + b)) / T
+    logprob_t = z_{t, y_t} - logsumexp(z_t),   H_t = -sum_v p_{t,v} log p_{t,v}
+
+Backends (same numbers): "torch" (chunked PyTorch, any device) and "triton" (CUDA; under
+TRITON_INTERPRET=1 also CPU tensors). "auto" picks triton for CUDA tensors and torch otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from ludic_fast._common import HeadOutput, per_token_temperature, validate_head_inputs
+from ludic_fast.ops.torch_head import HeadTransform, LinearLogprobsFunction
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """'auto' -> 'triton' on CUDA, else 'torch'; 'triton' off CUDA only under TRITON_INTERPRET=1."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f"backend='triton' needs CUDA tensors (got device {device}); "
+            "set TRITON_INTERPRET=1 before importing triton to run the kernels on CPU, or use backend='torch'"
+        )
+    return backend
+
+
+def linear_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    bias: Tensor | None = None,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
+    temperature: float | Tensor = 1.0,
+    entropy: bool = True,
+    ignore_index: int = -100,
+    backend: str = "auto",
+    chunk_elements: int | None = None,
+) -> HeadOutput:
+    """Per-token log p(y) and entropy of `z = softcap(logit_scale (h W^T + b)) / T`, without [N, V] logits.
+
+    hidden [..., D] (any float dtype, any strides), weight [V, D], targets [...] ints, temperature a float
+    or a tensor with the shape of targets. Returns float32 `HeadOutput(logprobs, entropy, lse)` with the
+    shape of targets; logprobs and entropy are 0 where `targets == ignore_index`. Differentiable w.r.t.
+    hidden, weight and bias for any upstream gradients of logprobs and entropy:
+    dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z). `chunk_elements` bounds tokens x vocab columns of
+    one transient logits chunk (default `torch_head.DEFAULT_CHUNK_ELEMENTS`).
+    """
+    validate_head_inputs(hidden, weight, targets, bias, logit_scale, softcap, temperature, ignore_index)
+    impl = resolve_backend(backend, hidden.device)
+    out_shape = targets.shape
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    t1 = targets.reshape(-1)
+    inv_t = per_token_temperature(temperature, t1.numel(), hidden.device).reciprocal()
+    transform = HeadTransform(float(logit_scale), None if softcap is None else float(softcap), inv_t)
+    if impl == "triton":
+        from ludic_fast.ops.triton_head import triton_linear_logprobs
+
+        lp, ent, lse = triton_linear_logprobs(h2, weight, bias, t1, transform, entropy, ignore_index)
+    else:
+        lp, ent, lse = LinearLogprobsFunction.apply(
+            h2, weight, bias, t1, (transform, chunk_elements, ignore_index), entropy
+        )
+    return HeadOutput(
+        lp.reshape(out_shape), ent.reshape(out_shape) if entropy else None, lse.reshape(out_shape)
+    )
+
+
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    **head_kwargs,
+) -> Tensor:
+    """SFT cross-entropy `-log p(y)` from hidden states; reduction 'none' | 'sum' | 'mean' (over
+    non-ignored tokens)."""
+    if reduction not in ("none", "sum", "mean"):
+        raise ValueError(f"reduction must be 'none', 'sum' or 'mean', got {reduction!r}")
+    out = linear_logprobs(hidden, weight, targets, entropy=False, ignore_index=ignore_index, **head_kwargs)
+    nll = -out.logprobs
+    if reduction == "none":
+        return nll
+    if reduction == "sum":
+        return nll.sum()
+    return nll.sum() / (targets != ignore_index).sum().clamp(min=1)
+
+
+__all__ = ["linear_logprobs", "linear_cross_entropy", "resolve_backend", "HeadOutput", "BACKENDS"]

@@ -1,0 +1,231 @@
+"""The `torch` backend of the head: chunked matmuls with online statistics, any device.
+
+Rows (tokens) are processed in chunks of `n` tokens, vocabulary columns in slices of `v` columns, with
+`n * v` bounded by a memory budget, so no `[N, V]` tensor is ever allocated. Per chunk:
+
+    z = softcap(logit_scale * (h W^T + b)) / T          (float32)
+    online over slices:  m = max z,  s = sum e^{z-m},  t = sum e^{z-m} z
+    lse = m + log s,  E_p z = t / s,  H = lse - E_p z,  logprob = z_y - lse
+
+Backward for per-token upstream gradients (g_lp, g_H), p = e^{z - lse}:
+
+    dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z)
+    d(raw)_j = dz_j / T * (1 - tanh^2) * logit_scale,   dh = d(raw) W,  dW = d(raw)^T h,  db = sum d(raw)
+
+`chunk_plan` and the chunk kernels here are also the building blocks of the fused-loss mode
+(`ludic_fast.ops.fused_loss`), which forms d(raw) in the forward pass.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+#: Default bound on the elements of one float32 logits chunk (tokens x vocab columns): 64 Mi (256 MiB).
+DEFAULT_CHUNK_ELEMENTS = int(os.environ.get("LUDIC_FAST_CHUNK_ELEMENTS", 64 * 2**20))
+_MIN_CHUNK_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class HeadTransform:
+    """The map from raw logits `h W^T + b` to final logits: scale, softcap, per-token 1/T."""
+
+    logit_scale: float
+    softcap: float | None
+    inv_temperature: Tensor  # [N] float64 (cast to the chunk dtype on use)
+
+    def apply_(self, z: Tensor, rows: slice) -> Tensor:
+        """raw logits chunk (float32, rows `rows`) -> final logits, in place."""
+        if self.logit_scale != 1.0:
+            z.mul_(self.logit_scale)
+        if self.softcap is not None:
+            z.div_(self.softcap).tanh_().mul_(self.softcap)
+        return z.mul_(self.inv_temperature[rows, None].to(z.dtype))
+
+    def chain_factor(self, z: Tensor, rows: slice) -> Tensor | None:
+        """d(final)/d(raw) for the chunk as a tensor, or None when it is the per-row 1/T alone."""
+        if self.softcap is None:
+            return None
+        tanh = z / (self.inv_temperature[rows, None].to(z.dtype) * self.softcap)
+        return tanh.square_().neg_().add_(1.0)
+
+    def backprop_(self, dz: Tensor, factor: Tensor | None, rows: slice) -> Tensor:
+        """dL/dz (final) -> dL/d(raw), in place."""
+        dz.mul_(self.inv_temperature[rows, None].to(dz.dtype))
+        if factor is not None:
+            dz.mul_(factor)
+        if self.logit_scale != 1.0:
+            dz.mul_(self.logit_scale)
+        return dz
+
+
+def chunk_plan(n_tokens: int, vocab: int, max_elements: int | None) -> tuple[int, int]:
+    """(tokens per chunk, vocab columns per slice) with tokens * columns <= max_elements.
+
+    Whole vocabulary rows are preferred (one GEMM per chunk, no online merge); the vocabulary is sliced
+    only when fewer than 16 whole rows fit in the budget."""
+    budget = DEFAULT_CHUNK_ELEMENTS if max_elements is None else int(max_elements)
+    if budget < 1:
+        raise ValueError(f"chunk budget must be >= 1 element, got {budget}")
+    if budget >= _MIN_CHUNK_TOKENS * vocab or budget // vocab >= max(n_tokens, 1):
+        return max(1, min(n_tokens, budget // vocab)), vocab
+    tokens = max(1, min(n_tokens, _MIN_CHUNK_TOKENS))
+    return tokens, max(1, budget // tokens)
+
+
+class ChunkedHead:
+    """Shared state of one head call: flattened inputs, transform, chunk plan."""
+
+    def __init__(
+        self,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        transform: HeadTransform,
+        max_elements: int | None,
+        ignore_index: int,
+    ):
+        self.compute_dtype = torch.promote_types(hidden.dtype, weight.dtype)
+        # statistics and accumulators: float32, or float64 when an input is float64 (finite differences)
+        self.acc = torch.float64 if self.compute_dtype == torch.float64 else torch.float32
+        self.hidden = hidden
+        self.weight = weight
+        self.bias = None if bias is None else bias.to(self.acc)
+        self.transform = transform
+        self.valid = targets != ignore_index
+        self.targets = torch.where(self.valid, targets, torch.zeros_like(targets)).long()
+        self.N, self.V = hidden.shape[0], weight.shape[0]
+        self.n_chunk, self.v_chunk = chunk_plan(self.N, self.V, max_elements)
+
+    def row_chunks(self):
+        for r0 in range(0, self.N, self.n_chunk):
+            yield slice(r0, min(r0 + self.n_chunk, self.N))
+
+    def col_slices(self):
+        for c0 in range(0, self.V, self.v_chunk):
+            yield slice(c0, min(c0 + self.v_chunk, self.V))
+
+    def h_rows(self, rows: slice) -> Tensor:
+        return self.hidden[rows].to(self.compute_dtype)
+
+    def logits(self, h_c: Tensor, rows: slice, cols: slice) -> Tensor:
+        """Final float32 logits of a (rows x cols) chunk."""
+        w = self.weight[cols].to(self.compute_dtype)
+        z = (h_c @ w.T).to(self.acc)
+        if self.bias is not None:
+            z.add_(self.bias[cols])
+        return self.transform.apply_(z, rows)
+
+    def target_in(self, rows: slice, cols: slice) -> tuple[Tensor, Tensor]:
+        """(target column relative to `cols`, clamped into it; mask of rows whose target lies in `cols`)."""
+        tgt = self.targets[rows]
+        here = (tgt >= cols.start) & (tgt < cols.stop)
+        return (tgt - cols.start).clamp_(0, cols.stop - cols.start - 1), here
+
+    def stats(self, h_c: Tensor, rows: slice, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """(lse, E_p z or None-as-zeros, target logit) of a row chunk, online over vocab slices."""
+        n = rows.stop - rows.start
+        dev = h_c.device
+        m = torch.full((n,), float("-inf"), device=dev, dtype=self.acc)
+        s = torch.zeros(n, device=dev, dtype=self.acc)
+        t = torch.zeros(n, device=dev, dtype=self.acc)
+        zy = torch.zeros(n, device=dev, dtype=self.acc)
+        for cols in self.col_slices():
+            z = self.logits(h_c, rows, cols)
+            local, here = self.target_in(rows, cols)
+            zy = torch.where(here, z.gather(1, local[:, None]).squeeze(1), zy)
+            m_new = torch.maximum(m, z.amax(1))
+            keep = torch.exp(m - m_new)
+            e = z.sub(m_new[:, None]).exp_()
+            s = s * keep + e.sum(1)
+            if with_entropy:
+                t = t * keep + torch.linalg.vecdot(e, z)
+            m = m_new
+        lse = m + torch.log(s)
+        ez = t / s if with_entropy else t
+        return lse, ez, zy
+
+    def grad_raw_(
+        self, z: Tensor, rows: slice, cols: slice, lse: Tensor, ez: Tensor, g_lp: Tensor, g_H: Tensor | None
+    ) -> Tensor:
+        """Overwrite the final-logits chunk `z` with dL/d(raw logits) for upstream (g_lp, g_H)."""
+        factor = self.transform.chain_factor(z, rows)
+        tgt_local, here = self.target_in(rows, cols)
+        if g_H is None:
+            dz = z.sub_(lse[:, None]).exp_().mul_(-g_lp[:, None])
+        else:
+            p = z.sub(lse[:, None]).exp_()
+            dz = z.sub_(ez[:, None]).mul_(-g_H[:, None]).sub_(g_lp[:, None]).mul_(p)
+        dz.scatter_add_(1, tgt_local[:, None], (g_lp * here)[:, None])
+        return self.transform.backprop_(dz, factor, rows)
+
+    def accumulate_(
+        self,
+        d_raw: Tensor,
+        h_c: Tensor,
+        rows: slice,
+        cols: slice,
+        dh: Tensor,
+        dW: Tensor | None,
+        db: Tensor | None,
+    ) -> None:
+        """dh[rows] += d_raw W[cols];  dW[cols] += d_raw^T h;  db[cols] += sum_rows d_raw (fp32 buffers)."""
+        dh[rows].addmm_(d_raw, self.weight[cols].to(self.acc))
+        if dW is not None:
+            dW[cols].addmm_(d_raw.T, h_c.to(self.acc))
+        if db is not None:
+            db[cols].add_(d_raw.sum(0))
+
+
+class LinearLogprobsFunction(torch.autograd.Function):
+    """Generic mode: forward saves (lse, E_p z); backward recomputes logits chunk by chunk (8NDV total)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, head_args, with_entropy):  # type: ignore[override]
+        transform, max_elements, ignore_index = head_args
+        head = ChunkedHead(hidden, weight, bias, targets, transform, max_elements, ignore_index)
+        lse, ez, zy = (torch.empty(head.N, device=hidden.device, dtype=head.acc) for _ in range(3))
+        for rows in head.row_chunks():
+            lse[rows], ez[rows], zy[rows] = head.stats(head.h_rows(rows), rows, with_entropy)
+        valid = head.valid.to(head.acc)
+        logprobs = (zy - lse) * valid
+        entropy = (lse - ez) * valid if with_entropy else torch.zeros_like(lse)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, ez)
+        ctx.head_args = head_args
+        ctx.with_entropy = with_entropy
+        ctx.mark_non_differentiable(lse)
+        return logprobs, entropy, lse
+
+    @staticmethod
+    def backward(ctx, g_lp, g_H, _g_lse):  # type: ignore[override]
+        hidden, weight, bias, targets, lse, ez = ctx.saved_tensors
+        transform, max_elements, ignore_index = ctx.head_args
+        head = ChunkedHead(hidden, weight, bias, targets, transform, max_elements, ignore_index)
+        valid = head.valid.to(head.acc)
+        g_lp = torch.zeros_like(lse) if g_lp is None else g_lp.to(head.acc) * valid
+        g_H = None if (g_H is None or not ctx.with_entropy) else g_H.to(head.acc) * valid
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        acc = {"device": hidden.device, "dtype": head.acc}
+        dh = torch.zeros(head.N, hidden.shape[1], **acc)
+        dW = torch.zeros(weight.shape, **acc) if need_w else None
+        db = torch.zeros(head.V, **acc) if (need_b and bias is not None) else None
+        for rows in head.row_chunks():
+            h_c = head.h_rows(rows)
+            for cols in head.col_slices():
+                z = head.logits(h_c, rows, cols)
+                d_raw = head.grad_raw_(
+                    z, rows, cols, lse[rows], ez[rows], g_lp[rows], None if g_H is None else g_H[rows]
+                )
+                head.accumulate_(d_raw, h_c, rows, cols, dh, dW, db)
+        return (
+            dh.to(hidden.dtype) if need_h else None,
+            dW.to(weight.dtype) if dW is not None else None,
+            db.to(bias.dtype) if db is not None else None,
+            None,
+            None,
+            None,
+        )
