@@ -174,11 +174,16 @@ class ChunkedHead:
         db: Tensor | None,
     ) -> None:
         """dh[rows] += d_raw W[cols];  dW[cols] += d_raw^T h;  db[cols] += sum_rows d_raw (fp32 buffers)."""
-        dh[rows].addmm_(d_raw, self.weight[cols].to(self.acc))
+        _accumulate_matmul_(dh[rows], d_raw, self.weight[cols].to(self.acc))
         if dW is not None:
-            dW[cols].addmm_(d_raw.T, h_c.to(self.acc))
+            _accumulate_matmul_(dW[cols], d_raw.T, h_c.to(self.acc))
         if db is not None:
             db[cols].add_(d_raw.sum(0))
+
+
+def _accumulate_matmul_(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """acc += a @ b in place, through the out= form of addmm (FLOP counters see it; `addmm_` they miss)."""
+    torch.addmm(acc, a, b, out=acc)
 
 
 class LinearLogprobsFunction(torch.autograd.Function):
