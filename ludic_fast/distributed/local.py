@@ -1,0 +1,31 @@
+"""Run a function on a local process group (one process per rank on this machine): CPU tests and debugging."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, backend: str, init_file: str, args: tuple) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_local_group(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo") -> None:
+    """Call `fn(rank, world_size, *args)` in `world_size` spawned processes joined in one process group
+    (rendezvous through a temporary file, so no port is needed). `fn` must be importable (module level);
+    an exception in any rank is raised here (`torch.multiprocessing.ProcessRaisedException`)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        mp.spawn(_entry, args=(fn, world_size, backend, init_file, args), nprocs=world_size, join=True)
