@@ -1,0 +1,155 @@
+"""Fused-loss mode of the head: the loss gradient is formed in the forward pass (DESIGN §3, cost model).
+
+A loss is a differentiable scalar function `objective(lp, H, sel)` of the per-token log-probs lp [n] and
+entropies H [n] of the head rows (`sel`: a slice of the rows, or None for all of them). For upstream
+per-token gradients g_lp = dL/dlp, g_H = dL/dH the head's logit gradient is
+
+    dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z),    then the chain rule through 1/T, softcap, scale.
+
+Token-local losses (g at token t depends only on lp_t, H_t and constants): one pass over token chunks.
+Per chunk: logits z = h W^T once (2 n D V), lse / E_p z / z_y from z, (g_lp, g_H) by autograd of the
+objective on the chunk's O(n) vectors, z overwritten by d(raw) in place, then dh += d(raw) W and
+dW += d(raw)^T h (4 n D V). Forward + backward = 6NDV; backward only scales dh, dW, db by grad_output.
+
+Sequence-coupled losses (g at t depends on other tokens: sequence ratios, per-response max entropy,
+batch quantiles): pass 1 computes lp and H of all tokens without gradients (2NDV), the objective's
+gradient on the whole O(N) vectors gives every (g_lp, g_H), then the same chunk loop forms the head
+gradients (6NDV): 8NDV in all. When fewer than 16 whole vocabulary rows fit in the chunk budget the
+vocabulary is sliced and the token-local path needs a statistics sweep first (8NDV as well).
+
+No path allocates [N, V]: transient memory is a few chunks of `chunk_plan(N, V, chunk_elements)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform
+
+#: objective(lp, H or None, rows or None) -> scalar loss; `rows` selects the chunk (None: all tokens).
+Objective = Callable[[Tensor, Tensor | None, slice | None], Tensor]
+
+
+@dataclass
+class FusedPlan:
+    """What the fused head needs besides tensors: the head transform, the loss and how it couples tokens."""
+
+    transform: HeadTransform
+    objective: Objective
+    coupled: bool
+    with_entropy: bool
+    chunk_elements: int | None = None
+
+
+def _row_stats(z: Tensor, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(lse, E_p z, z_y) of a chunk of whole vocabulary rows of final logits z."""
+    m = z.amax(1)
+    e = z.sub(m[:, None]).exp_()
+    s = e.sum(1)
+    ez = torch.linalg.vecdot(e, z) / s if with_entropy else torch.zeros_like(s)
+    return m + torch.log(s), ez, z.gather(1, targets[:, None]).squeeze(1)
+
+
+def _token_grads(objective: Objective, lp: Tensor, H: Tensor | None, rows: slice | None):
+    """(dL/dlp, dL/dH or None) of the objective at (lp, H), by autograd on O(n) vectors."""
+    with torch.enable_grad():
+        lp_v = lp.detach().requires_grad_(True)
+        H_v = None if H is None else H.detach().requires_grad_(True)
+        loss = objective(lp_v, H_v, rows)
+        inputs = (lp_v,) if H_v is None else (lp_v, H_v)
+        if not loss.requires_grad:
+            return torch.zeros_like(lp), None
+        grads = torch.autograd.grad(loss, inputs, allow_unused=True)
+    g_lp = torch.zeros_like(lp) if grads[0] is None else grads[0]
+    g_H = grads[1] if len(grads) > 1 else None
+    return g_lp, g_H
+
+
+class FusedLossFunction(torch.autograd.Function):
+    """loss, lp, H = objective(head(hidden)) with d(loss)/d(hidden, weight, bias) formed in the forward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, plan: FusedPlan):  # type: ignore[override]
+        head = ChunkedHead(hidden, weight, bias, targets, plan.transform, plan.chunk_elements, -100)
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        acc = {"device": hidden.device, "dtype": head.acc}
+        n, V = head.N, head.V
+        lp, lse, ez = (torch.zeros(n, **acc) for _ in range(3))
+        H = torch.zeros(n, **acc) if plan.with_entropy else None
+        dh = torch.zeros(n, hidden.shape[1], **acc)
+        dW = torch.zeros(weight.shape, **acc) if need_w else None
+        db = torch.zeros(V, **acc) if (need_b and bias is not None) else None
+        whole_rows = head.v_chunk >= V
+
+        def set_stats(rows: slice, stats: tuple[Tensor, Tensor, Tensor]) -> None:
+            lse[rows], ez[rows] = stats[0], stats[1]
+            lp[rows] = stats[2] - stats[0]
+            if H is not None:
+                H[rows] = stats[0] - stats[1]
+
+        if plan.coupled:  # pass 1: statistics of every token, then all per-token gradients at once
+            for rows in head.row_chunks():
+                set_stats(rows, head.stats(head.h_rows(rows), rows, plan.with_entropy))
+            g_lp, g_H = _token_grads(plan.objective, lp, H, None)
+        for rows in head.row_chunks():
+            h_c = head.h_rows(rows)
+            z = head.logits(h_c, rows, slice(0, V)) if whole_rows else None
+            if not plan.coupled:
+                stats = (
+                    _row_stats(z, head.targets[rows], plan.with_entropy)
+                    if whole_rows
+                    else head.stats(h_c, rows, plan.with_entropy)
+                )
+                set_stats(rows, stats)
+                g_lp_c, g_H_c = _token_grads(plan.objective, lp[rows], None if H is None else H[rows], rows)
+            else:
+                g_lp_c, g_H_c = g_lp[rows], None if g_H is None else g_H[rows]
+            for cols in head.col_slices():
+                zc = z if whole_rows else head.logits(h_c, rows, cols)
+                d_raw = head.grad_raw_(zc, rows, cols, lse[rows], ez[rows], g_lp_c, g_H_c)
+                head.accumulate_(d_raw, h_c, rows, cols, dh, dW, db)
+            del z
+        loss = _value(plan.objective, lp, H)
+        ctx.save_for_backward(dh if need_h else None, dW, db)
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.used = False
+        ctx.mark_non_differentiable(lp, *(() if H is None else (H,)))
+        return loss, lp, H
+
+    @staticmethod
+    def backward(ctx, g_loss, _g_lp, _g_H):  # type: ignore[override]
+        if ctx.used:
+            raise RuntimeError("the fused loss scales its stored gradients in place; backward it only once")
+        ctx.used = True
+        dh, dW, db = ctx.saved_tensors
+        h_dt, w_dt, b_dt = ctx.dtypes
+        g = g_loss.to(dW.dtype if dW is not None else torch.float32)
+        return (
+            None if dh is None else dh.mul_(g).to(h_dt),
+            None if dW is None else dW.mul_(g).to(w_dt),
+            None if db is None else db.mul_(g).to(b_dt),
+            None,
+            None,
+        )
+
+
+def _value(objective: Objective, lp: Tensor, H: Tensor | None) -> Tensor:
+    with torch.no_grad():
+        return objective(lp, H, None).detach()
+
+
+def fused_head_loss(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, plan: FusedPlan
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(loss, lp, H) for head rows `hidden [n, D]` scoring `targets [n]`; loss differentiable w.r.t. hidden,
+    weight and bias at 6NDV (token-local) or 8NDV (coupled) matmul FLOPs; lp and H are detached."""
+    if hidden.ndim != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(f"hidden must be [n, D] and targets [n]; got {tuple(hidden.shape)}, {tuple(targets.shape)}")
+    return FusedLossFunction.apply(hidden, weight, bias, targets, plan)
+
+
+__all__ = ["FusedPlan", "FusedLossFunction", "fused_head_loss"]

@@ -1,0 +1,192 @@
+"""Flat batch of ACTION tokens: the only rows a loss sends through the LM head.
+
+A Ludic batch scores token x[j+1] from position j (causal shift). Position j is an action position when
+`action_mask[j+1] > 0` and j+1 lies in the same sequence as j. Two layouts:
+
+- padded: `input_ids [B, T]`, sequence b = row b, positions b*T + j for j < T-1;
+- packed: `input_ids [1, total]` with `cu_seqlens [S+1]`; the shift never crosses a boundary.
+
+`TokenBatch` holds, for the n action positions in position order: `rows` (flat index into the rows of
+`hidden`/`logits` reshaped to `[-1, D or V]`), `targets` (x[j+1]), `seq` (sequence id), `mask`
+(action_mask[j+1], the token's weight M), and per-token values of `[B, T]` batch keys read at j+1 (as
+Ludic's `actor_logps[:, 1:]`). Per-sequence constants: `counts` n_b = max(1, sum M), `raw_counts`,
+the number of sequences S, and a dense prompt index built from `group_id`.
+
+Building the index costs one host sync (`nonzero`, the number of action tokens); nothing else here syncs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean")
+
+
+def _positions(batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor, int]:
+    """(sequence id of every flat position, weight M of the token it scores (0 if none), number of sequences)."""
+    ids = batch["input_ids"]
+    if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.dtype.is_floating_point:
+        raise ValueError(f"input_ids must be an integer tensor [B, T], got {getattr(ids, 'shape', type(ids))}")
+    amask = batch.get("action_mask")
+    if not isinstance(amask, Tensor) or tuple(amask.shape) != tuple(ids.shape):
+        raise ValueError(f"action_mask must be a tensor of the shape of input_ids {tuple(ids.shape)}")
+    cu = batch.get("cu_seqlens")
+    if cu is None:
+        B, T = ids.shape
+        if T < 2:
+            raise ValueError("input_ids needs T >= 2 for the causal shift")
+        seq = torch.arange(B, device=ids.device).repeat_interleave(T)
+        n_seq = B
+    else:
+        if ids.shape[0] != 1:
+            raise ValueError(f"packed layout needs input_ids of shape [1, total], got {tuple(ids.shape)}")
+        if not isinstance(cu, Tensor) or cu.ndim != 1 or cu.numel() < 2 or cu.dtype.is_floating_point:
+            raise ValueError("cu_seqlens must be a 1-D integer tensor [S+1] of sequence offsets")
+        n_seq = cu.numel() - 1
+        cu = cu.to(device=ids.device, dtype=torch.long)
+        seq = torch.searchsorted(cu[1:], torch.arange(ids.shape[1], device=ids.device), right=True)
+        seq = seq.clamp_(max=n_seq - 1)
+    flat_mask = amask.reshape(-1).float()
+    nxt = torch.zeros_like(flat_mask)
+    nxt[:-1] = flat_mask[1:] * (seq[:-1] == seq[1:])  # the shift never crosses a sequence boundary
+    return seq, nxt, n_seq
+
+
+def _dense_groups(group_id: Tensor) -> tuple[Tensor, Tensor]:
+    """(dense prompt index in [0, G) per sequence, G as a 0-d tensor) without a host sync."""
+    order = torch.argsort(group_id, stable=True)
+    g_sorted = group_id[order]
+    new = torch.ones_like(g_sorted, dtype=torch.long)
+    new[1:] = (g_sorted[1:] != g_sorted[:-1]).long()
+    dense = torch.empty_like(new)
+    dense[order] = new.cumsum(0) - 1
+    return dense, new.sum()
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Action tokens of a batch in flat form (see the module docstring). `tokens` holds every per-token
+    tensor (sliced by `subset`); `seqs` the per-sequence ones, which a subset keeps whole."""
+
+    rows: Tensor
+    tokens: dict[str, Tensor]
+    seqs: dict[str, Tensor]
+    n_seq: int
+    total_mask: Tensor  # sum of M over the whole batch (0-d)
+    batch: Mapping[str, Tensor]
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_batch(cls, batch: Mapping[str, Tensor]) -> TokenBatch:
+        """Select the action positions of a padded or packed Ludic batch (one host sync)."""
+        seq_of_pos, nxt, n_seq = _positions(batch)
+        rows = torch.nonzero(nxt > 0).squeeze(1)
+        ids = batch["input_ids"].reshape(-1)
+        seq = seq_of_pos[rows]
+        mask = nxt[rows]
+        tokens = {"targets": ids[rows + 1].long(), "seq": seq, "mask": mask}
+        shape = tuple(batch["input_ids"].shape)
+        for key in ("actor_logps", "ref_logps", "is_weights", "advantages"):
+            if key in batch:
+                val = batch[key]
+                if tuple(val.shape) != shape:
+                    raise ValueError(f"batch[{key!r}] must have the shape of input_ids {shape}, got {tuple(val.shape)}")
+                tokens[key] = val.reshape(-1)[rows + 1].float()
+        raw = torch.zeros(n_seq, device=rows.device).index_add_(0, seq, mask)
+        seqs = {"raw_counts": raw, "counts": raw.clamp(min=1.0)}
+        for key in ("weight", "old_logp_action", "zvp_direction", "group_id"):
+            if key in batch:
+                val = batch[key]
+                if tuple(val.shape) != (n_seq,):
+                    raise ValueError(f"batch[{key!r}] must have shape [{n_seq}] (per sequence), got {tuple(val.shape)}")
+                seqs[key] = val if key == "group_id" else val.float()
+        if "group_id" in seqs:
+            seqs["prompt"], seqs["n_prompts"] = _dense_groups(seqs["group_id"])
+        return cls(rows, tokens, seqs, n_seq, mask.sum(), batch)
+
+    def subset(self, sel: slice) -> TokenBatch:
+        """The tokens `sel` (a slice of the flat order) with every per-sequence constant unchanged."""
+        return replace(self, rows=self.rows[sel], tokens={k: v[sel] for k, v in self.tokens.items()})
+
+    # ------------------------------------------------------------------ accessors
+    @property
+    def n(self) -> int:
+        return self.rows.shape[0]
+
+    @property
+    def seq(self) -> Tensor:
+        return self.tokens["seq"]
+
+    @property
+    def mask(self) -> Tensor:
+        return self.tokens["mask"]
+
+    @property
+    def targets(self) -> Tensor:
+        return self.tokens["targets"]
+
+    def token(self, key: str, owner: str) -> Tensor:
+        """Per-token values of batch[key] ([B, T], read at the scored position j+1)."""
+        if key not in self.tokens:
+            raise KeyError(f"{owner} requires batch[{key!r}] (shape of input_ids)")
+        return self.tokens[key]
+
+    def per_seq(self, key: str, owner: str) -> Tensor:
+        """Per-sequence values [S] of batch[key]."""
+        if key not in self.seqs:
+            if key in self.batch:  # a caller-chosen key (e.g. old_logp_key)
+                return self.batch[key].float()
+            raise KeyError(f"{owner} requires batch[{key!r}] (one value per sequence)")
+        return self.seqs[key]
+
+    def seq_sum(self, x: Tensor) -> Tensor:
+        """[S] per-sequence sums of the per-token vector x."""
+        return torch.zeros(self.n_seq, device=x.device, dtype=x.dtype).index_add_(0, self.seq, x)
+
+    def seq_max(self, x: Tensor) -> Tensor:
+        """[S] per-sequence max of x over the sequence's action tokens (0 for a sequence without any)."""
+        out = torch.zeros(self.n_seq, device=x.device, dtype=x.dtype)
+        return out.scatter_reduce_(0, self.seq, x, reduce="amax", include_self=False)
+
+    def advantages(self, owner: str) -> Tensor:
+        """Per-token advantage: batch['advantages'] at j+1 when given, else batch['weight'][seq]."""
+        if "advantages" in self.tokens:
+            return self.tokens["advantages"]
+        return self.per_seq("weight", owner)[self.seq]
+
+    def agg_coef(self, aggregation: str, normalizer: float | None = None, norm_length: float | None = None) -> Tensor:
+        """Per-token coefficient c_t with loss = sum_t c_t M_t l_t for the aggregation:
+
+        token_mean               c = 1 / (normalizer or max(1, sum M))
+        seq_mean_token_mean      c = 1 / (n_b * (normalizer or S))
+        seq_mean_token_sum       c = 1 / (normalizer or S)
+        seq_mean_token_sum_norm  c = 1 / ((normalizer or S) * norm_length)     (Dr. GRPO constant)
+        prompt_mean              c = 1 / (sum of n_b over the prompt's sequences * (normalizer or #prompts))
+        """
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        if normalizer is not None and normalizer <= 0:
+            raise ValueError(f"normalizer must be > 0, got {normalizer}")
+        one = torch.ones_like(self.mask)
+        if aggregation == "token_mean":
+            return one / (normalizer if normalizer is not None else self.total_mask.clamp(min=1.0))
+        if aggregation == "prompt_mean":
+            prompt = self.per_seq("prompt", "aggregation='prompt_mean' (batch['group_id'])")
+            size = torch.zeros_like(self.seqs["raw_counts"]).index_add_(0, prompt, self.seqs["raw_counts"])
+            n_p = normalizer if normalizer is not None else self.seqs["n_prompts"].clamp(min=1)
+            return one / (size.clamp(min=1.0)[prompt[self.seq]] * n_p)
+        denom = float(normalizer if normalizer is not None else self.n_seq)
+        if aggregation == "seq_mean_token_mean":
+            return one / (self.seqs["counts"][self.seq] * denom)
+        if aggregation == "seq_mean_token_sum_norm":
+            if norm_length is None or norm_length <= 0:
+                raise ValueError("aggregation='seq_mean_token_sum_norm' needs norm_length > 0 (e.g. max length)")
+            return one / (denom * float(norm_length))
+        return one / denom
+
+
+__all__ = ["TokenBatch", "AGGREGATIONS"]
