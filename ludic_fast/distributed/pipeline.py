@@ -1,0 +1,316 @@
+"""Pipeline RL over Redis: actors push SAWItems, the learner's `PipelineBatchSource` pulls them.
+
+Transport: one Redis stream (`<prefix>:items`) read through a consumer group (`<prefix>:learners`).
+
+- Payloads are msgpack maps `{"format": 1, "id": str, "policy_version": int, "item": SAWItem.to_dict()}`;
+  nothing is ever unpickled. A payload that does not decode to a valid SAWItem is dropped, counted
+  (`counters["malformed"]`) and logged; it never raises in the learner.
+- At-least-once delivery: an entry stays in the group's pending list until the learner acknowledges it,
+  and the learner acknowledges (XACK + XDEL) the items of a batch only when it asks for the next batch,
+  i.e. after it has trained on them. After any reconnect the learner re-reads its own pending entries, so
+  an entry delivered by a read whose reply was lost is not lost. Run Redis with `--appendonly yes
+  --appendfsync always` and a server restart loses nothing either.
+- De-duplication by item id: an actor whose XADD failed with an ambiguous error re-sends the same payload;
+  the learner keeps the ids it has delivered and drops repeats (`counters["duplicates"]`).
+- Staleness: every item carries the policy version it was generated with; with `max_lag`, an item with
+  `current_version - policy_version > max_lag` is dropped and counted (`counters["stale"]`). The current
+  version is what the learner last published (`<prefix>:weights`, see `ludic_fast.distributed.publish`)
+  unless the caller passes `current_version`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from ludic_fast.distributed.redis_conn import ReconnectingRedis, ensure_group
+from ludic_fast.types import SAWBatch, SAWItem
+
+log = logging.getLogger(__name__)
+
+PAYLOAD_FORMAT = 1
+_FIELD = b"payload"
+
+
+class MalformedPayloadError(ValueError):
+    """A pipeline payload that is not a valid encoded SAWItem."""
+
+
+@dataclass(frozen=True)
+class PipelineKeys:
+    """Redis key names of one pipeline; actors and learner must use the same `prefix`."""
+
+    prefix: str = "ludic"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefix, str) or not self.prefix:
+            raise ValueError(f"prefix must be a non-empty str, got {self.prefix!r}")
+
+    @property
+    def stream(self) -> str:
+        return f"{self.prefix}:items"
+
+    @property
+    def group(self) -> str:
+        return f"{self.prefix}:learners"
+
+    @property
+    def weights(self) -> str:
+        return f"{self.prefix}:weights"
+
+
+DEFAULT_KEYS = PipelineKeys()
+
+
+# ----------------------------------------------------------------------------------------------- codec
+def encode_item(item: SAWItem, *, item_id: str, policy_version: int) -> bytes:
+    """msgpack bytes of `item` tagged with its unique id and the policy version that generated it."""
+    if not isinstance(item, SAWItem):
+        raise TypeError(f"item must be a SAWItem, got {type(item).__name__}")
+    if not isinstance(item_id, str) or not item_id:
+        raise ValueError(f"item_id must be a non-empty str, got {item_id!r}")
+    if isinstance(policy_version, bool) or not isinstance(policy_version, int) or policy_version < 0:
+        raise ValueError(f"policy_version must be a non-negative int, got {policy_version!r}")
+    body = {"format": PAYLOAD_FORMAT, "id": item_id, "policy_version": policy_version, "item": item.to_dict()}
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def decode_item(payload: bytes) -> SAWItem:
+    """Inverse of `encode_item`; the id and version land in `item.meta["item_id"]` and
+    `item.meta["policy_version"]`. Anything else raises MalformedPayloadError."""
+    try:
+        body = msgpack.unpackb(payload, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for garbage
+        raise MalformedPayloadError(f"payload is not msgpack: {exc}") from exc
+    if not isinstance(body, dict) or body.get("format") != PAYLOAD_FORMAT:
+        raise MalformedPayloadError(f"payload is not a format-{PAYLOAD_FORMAT} map")
+    item_id, version = body.get("id"), body.get("policy_version")
+    if not isinstance(item_id, str) or not item_id:
+        raise MalformedPayloadError("payload has no item id")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise MalformedPayloadError(f"payload has an invalid policy_version {version!r}")
+    try:
+        item = SAWItem.from_dict(body["item"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MalformedPayloadError(f"payload item {item_id!r} is not a valid SAWItem: {exc}") from exc
+    item.meta["item_id"] = item_id
+    item.meta["policy_version"] = version
+    return item
+
+
+# ----------------------------------------------------------------------------------------------- actor
+class PipelineProducer:
+    """Pushes SAWItems onto the stream with ids `<actor_id>:<n>`; a push survives Redis restarts (the same
+    payload is re-sent until it is acknowledged, and the learner drops the repeat if both copies landed).
+    `max_queued` bounds the entries waiting in the stream: `push` waits while the stream is that long."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        keys: PipelineKeys = DEFAULT_KEYS,
+        actor_id: str | None = None,
+        max_queued: int | None = None,
+        retry_timeout_s: float = 120.0,
+    ):
+        if max_queued is not None and max_queued < 1:
+            raise ValueError(f"max_queued must be >= 1 or None, got {max_queued}")
+        self.keys = keys
+        self.actor_id = actor_id or uuid.uuid4().hex[:12]
+        self.max_queued = max_queued
+        self.conn = ReconnectingRedis(redis_url, retry_timeout_s=retry_timeout_s)
+        self._seq = itertools.count()
+        self.pushed = 0
+
+    def push(self, item: SAWItem, policy_version: int) -> str:
+        """Encode and XADD one item; returns its id."""
+        item_id = f"{self.actor_id}:{next(self._seq)}"
+        payload = encode_item(item, item_id=item_id, policy_version=policy_version)
+        if self.max_queued is not None:
+            while self.conn.call(lambda c: c.xlen(self.keys.stream), "XLEN") >= self.max_queued:
+                time.sleep(0.05)
+        self.conn.call(lambda c: c.xadd(self.keys.stream, {_FIELD: payload}), "XADD")
+        self.pushed += 1
+        return item_id
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def run_pipeline_actor(
+    make_items: Callable[[int], Iterable[SAWItem]],
+    producer: PipelineProducer,
+    *,
+    poll_weights: Callable[[], int | None] | None = None,
+    num_rounds: int | None = None,
+) -> int:
+    """The actor loop: each round, `poll_weights()` (if given) loads newer published weights into the
+    rollout policy and returns the policy version now in use (None: unchanged); then
+    `make_items(policy_version)` runs rollouts + credit assignment and its SAWItems are pushed, each
+    tagged with that version. Runs `num_rounds` rounds (forever when None); returns the items pushed."""
+    version = 0
+    rounds = itertools.count() if num_rounds is None else range(num_rounds)
+    for _ in rounds:
+        if poll_weights is not None:
+            new = poll_weights()
+            version = version if new is None else new
+        for item in make_items(version):
+            producer.push(item, version)
+    return producer.pushed
+
+
+# --------------------------------------------------------------------------------------------- learner
+class PipelineBatchSource:
+    """The learner's BatchSource: `await next_batch()` returns a SAWBatch of `batch_size` valid, fresh,
+    first-seen items, acknowledging the previous batch's items first (see the module docstring).
+
+    `current_version()` gives the learner's policy version for `max_lag` (default: the version last
+    published under `keys.weights`). `counters` counts received entries and the malformed, duplicate and
+    stale drops; they are also copied into each batch's meta as `pipeline_<name>` (cumulative).
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        keys: PipelineKeys = DEFAULT_KEYS,
+        batch_size: int = 4,
+        max_lag: int | None = None,
+        current_version: Callable[[], int] | None = None,
+        consumer: str = "learner-0",
+        block_ms: int = 1000,
+        retry_timeout_s: float = 120.0,
+        max_remembered_ids: int = 1_000_000,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_lag is not None and max_lag < 0:
+            raise ValueError(f"max_lag must be >= 0 or None, got {max_lag}")
+        if block_ms < 1:
+            raise ValueError(f"block_ms must be >= 1, got {block_ms}")
+        self.keys = keys
+        self.batch_size = batch_size
+        self.max_lag = max_lag
+        self.consumer = consumer
+        self.block_ms = block_ms
+        self.conn = ReconnectingRedis(
+            redis_url, retry_timeout_s=retry_timeout_s, socket_timeout_s=block_ms / 1000 + 30.0
+        )
+        self._current_version = current_version or self._published_version
+        self._max_ids = max_remembered_ids
+        self._seen: OrderedDict[str, None] = OrderedDict()  # delivered item ids, oldest first
+        self._unacked: list[bytes] = []  # entries of batches already returned
+        self._held: set[bytes] = set()  # entries read but not yet acknowledged (unacked + the batch in progress)
+        # re-read our pending entries first (at start-up and after each reconnect); None: read new entries
+        self._pending_cursor: bytes | None = b"0"
+        self.counters = {"received": 0, "malformed": 0, "duplicates": 0, "stale": 0, "delivered": 0}
+        ensure_group(self.conn, keys.stream, keys.group)
+
+    def _published_version(self) -> int:
+        raw = self.conn.call(lambda c: c.hget(self.keys.weights, "version"), "HGET version")
+        return 0 if raw is None else int(raw)
+
+    def commit(self) -> None:
+        """Acknowledge and delete every entry of the batches returned so far (they have been trained on)."""
+        self._ack(self._unacked)
+        self._unacked = []
+
+    def _ack(self, entry_ids: list[bytes]) -> None:
+        if not entry_ids:
+            return
+
+        def ack(client):
+            pipe = client.pipeline(transaction=True)
+            pipe.xack(self.keys.stream, self.keys.group, *entry_ids)
+            pipe.xdel(self.keys.stream, *entry_ids)
+            return pipe.execute()
+
+        self.conn.call(ack, "XACK")
+        self._held.difference_update(entry_ids)
+
+    def _read(self, count: int) -> list[tuple[bytes, dict]]:
+        """New entries, or while `_pending_cursor` is set, this consumer's pending entries after the cursor
+        (those not held in memory: delivered by a read whose reply was lost, or before a learner restart)."""
+        reconnects = self.conn.reconnects
+        cursor = self._pending_cursor
+        streams = {self.keys.stream: ">" if cursor is None else cursor}
+        reply = self.conn.call(
+            lambda c: c.xreadgroup(self.keys.group, self.consumer, streams, count=count, block=self.block_ms),
+            "XREADGROUP",
+        )
+        if self.conn.reconnects != reconnects:  # entries may have been delivered to us before the reply was lost
+            self._pending_cursor = b"0"
+            return []
+        entries = reply[0][1] if reply else []
+        if cursor is not None:
+            self._pending_cursor = entries[-1][0] if entries else None  # None: pending list drained
+        return [(eid, fields) for eid, fields in entries if eid not in self._held]
+
+    def _accept(self, entry_id: bytes, fields: dict, version: int) -> SAWItem | None:
+        """The decoded item, or None (counted, logged) when it is malformed, a duplicate or stale."""
+        self.counters["received"] += 1
+        try:
+            item = decode_item(fields.get(_FIELD) if isinstance(fields, dict) else None)
+        except MalformedPayloadError as exc:
+            self.counters["malformed"] += 1
+            log.warning("dropping malformed pipeline entry %s: %s", entry_id, exc)
+            return None
+        item_id = item.meta["item_id"]
+        if item_id in self._seen:
+            self.counters["duplicates"] += 1
+            log.info("dropping duplicate pipeline item %s", item_id)
+            return None
+        if self.max_lag is not None and version - item.meta["policy_version"] > self.max_lag:
+            self.counters["stale"] += 1
+            log.info("dropping stale item %s (version %d, learner at %d, max_lag %d)",
+                     item_id, item.meta["policy_version"], version, self.max_lag)
+            return None
+        self._seen[item_id] = None
+        if len(self._seen) > self._max_ids:
+            self._seen.popitem(last=False)
+        return item
+
+    def next_batch_sync(self) -> SAWBatch:
+        """Blocking `next_batch`."""
+        self.commit()
+        version = self._current_version()
+        items: list[SAWItem] = []
+        while len(items) < self.batch_size:
+            dropped: list[bytes] = []
+            for entry_id, fields in self._read(self.batch_size - len(items)):
+                self._held.add(entry_id)
+                item = self._accept(entry_id, fields, version)
+                if item is None:
+                    dropped.append(entry_id)
+                else:
+                    items.append(item)
+                    self._unacked.append(entry_id)
+            self._ack(dropped)
+        self.counters["delivered"] += len(items)
+        rewards = [float(i.meta.get("total_reward", 0.0)) for i in items]
+        meta: dict[str, Any] = {
+            "target_rollouts": len(items),
+            "num_samples": len(items),
+            "avg_total_reward": sum(rewards) / len(rewards),
+            "source": "pipeline_redis",
+            "policy_version": version,
+            **{f"pipeline_{k}": v for k, v in self.counters.items()},
+        }
+        return SAWBatch(items=items, meta=meta)
+
+    async def next_batch(self) -> SAWBatch:
+        """Ludic's async BatchSource API; the blocking reads run in a worker thread."""
+        return await asyncio.to_thread(self.next_batch_sync)
+
+    def close(self) -> None:
+        """Close the connection without acknowledging the last batch (it is re-delivered to this consumer)."""
+        self.conn.close()

@@ -1,0 +1,336 @@
+"""Pipeline RL over a real redis-server: codec, at-least-once delivery, de-duplication, staleness, weight
+publishing, and an actor process + learner process run across a Redis restart (SIGKILL, AOF replay)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+redis = pytest.importorskip("redis", reason="needs the redis Python client")
+pytest.importorskip("msgpack", reason="needs msgpack")
+
+from ludic_fast import reference  # noqa: E402
+from ludic_fast.distributed.pipeline import (  # noqa: E402
+    MalformedPayloadError,
+    PipelineBatchSource,
+    PipelineKeys,
+    PipelineProducer,
+    decode_item,
+    encode_item,
+    run_pipeline_actor,
+)
+from ludic_fast.distributed.publish import RedisWeightPublisher, RedisWeightSubscriber, load_into  # noqa: E402
+from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWItem  # noqa: E402
+
+REDIS_SERVER = shutil.which("redis-server")
+needs_server = pytest.mark.skipif(REDIS_SERVER is None, reason="needs redis-server (apt-get install redis-server)")
+
+
+class RedisServer:
+    """A redis-server on a free loopback port with fsync-always AOF in `workdir`; `kill()` + `start()` is a
+    crash and restart that keeps the data."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+                "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if client.ping():
+                    return
+            except redis.exceptions.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = RedisServer(tmp_path)
+    srv.start()
+    yield srv
+    srv.kill()
+
+
+def _item(i: int, n_tokens: int = 6) -> SAWItem:
+    ids = [(7 * i + 3 * k) % 11 for k in range(n_tokens)]
+    action = [0, 0] + [1] * (n_tokens - 2)
+    logps = [-1.0 - 0.1 * k for k in range(n_tokens - 2)]
+    return SAWItem(ids, [1] * n_tokens, action, weight=float(i % 3) - 1.0, meta={"total_reward": float(i)},
+                   attachments=SampleAttachments(ActorTokenLogps(logps)))
+
+
+# ------------------------------------------------------------------------------------------- codec
+def test_codec_roundtrip_and_malformed_payloads():
+    item = _item(4)
+    back = decode_item(encode_item(item, item_id="a:1", policy_version=3))
+    assert back.input_ids == item.input_ids and back.action_mask == item.action_mask
+    assert back.actor_logps.token_logps == pytest.approx(item.actor_logps.token_logps)
+    assert back.meta == {"total_reward": 4.0, "item_id": "a:1", "policy_version": 3}
+    import msgpack
+
+    good = msgpack.unpackb(encode_item(item, item_id="a:1", policy_version=3))
+    bad_payloads = [
+        b"\xc1 not msgpack",
+        None,
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb({**good, "format": 99}),
+        msgpack.packb({**good, "id": ""}),
+        msgpack.packb({**good, "policy_version": -1}),
+        msgpack.packb({**good, "item": {**good["item"], "action_mask": [1]}}),
+        msgpack.packb({**good, "item": {**good["item"], "weight": "x"}}),
+        msgpack.packb({k: v for k, v in good.items() if k != "item"}),
+    ]
+    for payload in bad_payloads:
+        with pytest.raises(MalformedPayloadError):
+            decode_item(payload)
+    with pytest.raises(ValueError, match="policy_version"):
+        encode_item(item, item_id="x", policy_version=-2)
+    with pytest.raises(ValueError, match="item_id"):
+        encode_item(item, item_id="", policy_version=0)
+
+
+# ------------------------------------------------------------------------------- delivery semantics
+@needs_server
+def test_batch_source_drops_malformed_duplicate_and_stale_and_acks_after_training(server):
+    keys = PipelineKeys("t1")
+    client = redis.Redis.from_url(server.url)
+    prod = PipelineProducer(server.url, keys=keys, actor_id="A")
+    src = PipelineBatchSource(server.url, keys=keys, batch_size=3, max_lag=1, current_version=lambda: 5,
+                              block_ms=50)
+    first = encode_item(_item(0), item_id="dup", policy_version=5)
+    client.xadd(keys.stream, {b"payload": first})
+    client.xadd(keys.stream, {b"payload": b"\x00garbage"})  # malformed
+    client.xadd(keys.stream, {b"payload": first})  # a re-sent copy of the same item id
+    client.xadd(keys.stream, {b"other": b"field"})  # no payload field: malformed
+    prod.push(_item(1), policy_version=3)  # lag 2 > max_lag: stale
+    ids = [prod.push(_item(i), policy_version=4) for i in (2, 3)]
+    batch = src.next_batch_sync()
+    assert [i.meta["item_id"] for i in batch.items] == ["dup", *ids]
+    assert src.counters == {"received": 7, "malformed": 2, "duplicates": 1, "stale": 1, "delivered": 3}
+    assert batch.meta["num_samples"] == 3 and batch.meta["pipeline_malformed"] == 2
+    # the delivered items stay pending until the next fetch; the dropped ones are gone
+    assert client.xpending(keys.stream, keys.group)["pending"] == 3
+    assert client.xlen(keys.stream) == 3
+    prod.push(_item(9), policy_version=5)
+    prod.push(_item(10), policy_version=5)
+    prod.push(_item(11), policy_version=5)
+    src.next_batch_sync()
+    assert client.xpending(keys.stream, keys.group)["pending"] == 3  # only the new batch
+    src.commit()
+    assert client.xpending(keys.stream, keys.group)["pending"] == 0 and client.xlen(keys.stream) == 0
+
+
+@needs_server
+def test_learner_restart_redelivers_the_unacknowledged_batch(server):
+    keys = PipelineKeys("t2")
+    prod = PipelineProducer(server.url, keys=keys, actor_id="A")
+    ids = [prod.push(_item(i), 0) for i in range(4)]
+    src = PipelineBatchSource(server.url, keys=keys, batch_size=2, block_ms=50)
+    assert [i.meta["item_id"] for i in src.next_batch_sync().items] == ids[:2]
+    src.close()  # crashed before training on it: nothing acknowledged
+    again = PipelineBatchSource(server.url, keys=keys, batch_size=3, block_ms=50)
+    assert [i.meta["item_id"] for i in again.next_batch_sync().items] == ids[:3]
+
+
+@needs_server
+def test_weights_roundtrip_in_parts_and_versions(server):
+    keys = PipelineKeys("t3")
+    model = torch.nn.Linear(5, 3)
+    target = torch.nn.Linear(5, 3)
+    pub = RedisWeightPublisher(server.url, keys=keys, part_bytes=64)  # many parts
+    seen = []
+    sub = RedisWeightSubscriber(server.url, lambda s, v: (load_into(target)(s, v), seen.append(v)), keys=keys)
+    assert sub.poll() is None
+    pub.publish(model.state_dict(), version=1)
+    assert sub.poll() == 1 and sub.poll() is None
+    torch.testing.assert_close(target.weight, model.weight, rtol=0, atol=0)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    pub.publish(model.state_dict(), version=2)
+    assert sub.poll() == 2 and seen == [1, 2]
+    torch.testing.assert_close(target.weight, model.weight, rtol=0, atol=0)
+    src = PipelineBatchSource(server.url, keys=keys, batch_size=1, max_lag=0, block_ms=50)
+    assert src._current_version() == 2  # the default learner version is the published one
+    with pytest.raises(ValueError, match="version"):
+        pub.publish(model.state_dict(), version=-1)
+
+
+# ------------------------------------------------------------------------- actor + learner processes
+V, D = 11, 8
+BATCH, STEPS, MAX_LAG = 4, 12, 6
+
+
+def _tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(V, D), torch.nn.Linear(D, V, bias=False))
+
+
+def _checksum(model: torch.nn.Module) -> float:
+    return float(sum(p.double().sum() for p in model.state_dict().values()))
+
+
+def _collate(items: list[SAWItem]) -> dict[str, torch.Tensor]:
+    T = max(len(i) for i in items)
+    ids = torch.zeros(len(items), T, dtype=torch.long)
+    action = torch.zeros(len(items), T)
+    actor = torch.zeros(len(items), T)
+    for b, it in enumerate(items):
+        ids[b, : len(it)] = torch.tensor(it.input_ids)
+        action[b, : len(it)] = torch.tensor(it.action_mask, dtype=torch.float32)
+        actor[b, action[b] > 0] = torch.tensor(it.actor_logps.token_logps)
+    weight = torch.tensor([it.weight for it in items])
+    return {"input_ids": ids, "action_mask": action, "actor_logps": actor, "weight": weight,
+            "attention_mask": (action >= 0).long()}
+
+
+def _write(f, **record) -> None:
+    f.write(json.dumps(record) + "\n")
+    f.flush()
+
+
+def _learner_main(url: str, out: str) -> None:
+    """Minimal learner loop (tiny model, reference CISPO loss on its logits, AdamW), publishing after each step."""
+    torch.set_num_threads(1)
+    model = _tiny_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    pub = RedisWeightPublisher(url, retry_timeout_s=60)
+    src = PipelineBatchSource(url, batch_size=BATCH, max_lag=MAX_LAG, block_ms=200, retry_timeout_s=60)
+    pub.publish(model.state_dict(), version=0)
+    with open(out, "w") as f:
+        for step in range(1, STEPS + 1):
+            batch = src.next_batch_sync()
+            data = _collate(batch.items)
+            loss, _ = reference.CISPOLoss()(data, logits=model(data["input_ids"]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            pub.publish(model.state_dict(), version=step)
+            _write(f, step=step, ids=[i.meta["item_id"] for i in batch.items], loss=float(loss),
+                   checksum=_checksum(model))
+        src.commit()
+        _write(f, counters=src.counters, reconnects=src.conn.reconnects + pub.conn.reconnects)
+
+
+def _actor_main(url: str, out: str, rounds: int) -> None:
+    """Actor: polls weights into its policy copy, 'generates' BATCH items per round with behaviour logprobs
+    from that policy, pushes them tagged with its policy version."""
+    torch.set_num_threads(1)
+    model = _tiny_model()
+    with open(out, "w") as f:
+        def apply(state, version):
+            load_into(model)(state, version)
+            _write(f, applied=version, checksum=_checksum(model))
+
+        sub = RedisWeightSubscriber(url, apply, retry_timeout_s=60)
+        prod = PipelineProducer(url, actor_id="actor0", max_queued=2 * BATCH, retry_timeout_s=60)
+        counter = iter(range(10**6))
+
+        def make_items(version: int) -> list[SAWItem]:
+            time.sleep(0.15)  # the rollout
+            items = []
+            for _ in range(BATCH):
+                base = _item(next(counter))
+                with torch.no_grad():
+                    logp = torch.log_softmax(model(torch.tensor(base.input_ids)), -1)
+                    token_lp = logp[:-1].gather(1, torch.tensor(base.input_ids[1:])[:, None])[:, 0]
+                acts = [float(token_lp[t - 1]) for t, m in enumerate(base.action_mask) if m]
+                items.append(SAWItem(base.input_ids, base.attention_mask, base.action_mask, base.weight,
+                                     base.meta, SampleAttachments(ActorTokenLogps(acts))))
+            return items
+
+        original_push = prod.push
+
+        def push(item, version):
+            item_id = original_push(item, version)
+            _write(f, pushed=item_id, version=version)
+            return item_id
+
+        prod.push = push
+        run_pipeline_actor(make_items, prod, poll_weights=sub.poll, num_rounds=rounds)
+        _write(f, reconnects=prod.conn.reconnects + sub.conn.reconnects)
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait(cond, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@needs_server
+def test_actor_and_learner_processes_survive_redis_restart(server, tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    learner_log, actor_log = tmp_path / "learner.jsonl", tmp_path / "actor.jsonl"
+    learner = ctx.Process(target=_learner_main, args=(server.url, str(learner_log)))
+    actor = ctx.Process(target=_actor_main, args=(server.url, str(actor_log), STEPS))
+    learner.start()
+    actor.start()
+    try:
+        steps = lambda: [r for r in _records(learner_log) if "step" in r]  # noqa: E731
+        _wait(lambda: len(steps()) >= 3, "3 learner steps")
+        server.kill()  # crash: whatever Redis acknowledged is in the fsync'd AOF
+        time.sleep(0.5)
+        server.start()
+        client = redis.Redis.from_url(server.url)
+        client.xadd(PipelineKeys().stream, {b"payload": b"\x93 definitely not an item"})
+        _wait(lambda: len(steps()) >= MAX_LAG + 1, f"{MAX_LAG + 1} learner steps")
+        stale_ids = [f"stale:{i}" for i in range(3)]
+        for i, sid in enumerate(stale_ids):  # generated by policy version 0, now > MAX_LAG versions old
+            client.xadd(PipelineKeys().stream, {b"payload": encode_item(_item(100 + i), item_id=sid,
+                                                                        policy_version=0)})
+        actor.join(120)
+        learner.join(120)
+        assert actor.exitcode == 0 and learner.exitcode == 0
+    finally:
+        for p in (actor, learner):
+            if p.is_alive():
+                p.kill()
+
+    lrec, arec = _records(learner_log), _records(actor_log)
+    trained = [i for r in lrec if "step" in r for i in r["ids"]]
+    pushed = [r["pushed"] for r in arec if "pushed" in r]
+    final = lrec[-1]
+    assert len(pushed) == STEPS * BATCH
+    assert len(trained) == len(set(trained)), "an item was trained on twice"
+    assert sorted(trained) == sorted(pushed), "an item was lost (or a stale/foreign one was trained on)"
+    assert final["counters"]["malformed"] == 1
+    assert final["counters"]["stale"] == len(stale_ids)
+    assert final["counters"]["duplicates"] == 0
+    assert final["reconnects"] >= 1 and arec[-1]["reconnects"] >= 1, "both sides should have reconnected"
+    assert all(r["loss"] == r["loss"] for r in lrec if "step" in r)
+    # the actor generated with published weights: each version it applied matches the learner's checksum
+    learner_sums = {r["step"]: r["checksum"] for r in lrec if "step" in r}
+    applied = [r for r in arec if "applied" in r]
+    assert len(applied) >= 3 and [r["applied"] for r in applied] == sorted({r["applied"] for r in applied})
+    for r in applied:
+        if r["applied"] > 0:
+            assert r["checksum"] == pytest.approx(learner_sums[r["applied"]], rel=1e-12)
