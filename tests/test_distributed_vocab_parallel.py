@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ludic_fast import reference
-from ludic_fast.distributed import vocab_parallel_linear_logprobs, vocab_partition
+from ludic_fast import losses, reference
+from ludic_fast.distributed import vocab_parallel_linear_logprobs, vocab_parallel_loss, vocab_partition
 from ludic_fast.distributed.local import run_local_group
 
 V, D = 37, 8  # odd vocabulary: the two shards get 19 and 18 rows
@@ -70,50 +70,51 @@ def _check_head(rank: int, world: int) -> None:
         )
 
 
-def _cispo_from_token_logp(token_logp, batch, eps_low=1e6, eps_high=0.2):
-    """CISPOLoss (Ludic master, length-normalised) written on the shifted token logprobs."""
-    mask = batch["action_mask"][:, 1:].float()
-    counts = mask.sum(-1).clamp(min=1.0)
-    ratio = (token_logp - batch["actor_logps"][:, 1:]).detach().exp()
-    w = ratio.clamp(1 - eps_low, 1 + eps_high)
-    per_seq = (w * batch["weight"][:, None] * token_logp * mask).sum(-1) / counts
-    return -per_seq.mean()
-
-
-def _check_cispo(rank: int, world: int) -> None:
+def _rl_batch():
     g = torch.Generator().manual_seed(2)
-    B, T = 2, 6
-    hidden = torch.randn(B, T, D, generator=g)
-    weight = torch.randn(V, D, generator=g)
-    input_ids = torch.randint(0, V, (B, T), generator=g)
-    action_mask = torch.tensor([[0, 0, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1]], dtype=torch.float32)
+    B, T = 3, 6
+    action_mask = torch.tensor([[0, 0, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1]], dtype=torch.float32)
+    actor_logps = (torch.randn(B, T, generator=g) * 0.3 - 3.0) * action_mask
     batch = {
-        "input_ids": input_ids,
+        "input_ids": torch.randint(0, V, (B, T), generator=g),
         "attention_mask": torch.ones(B, T, dtype=torch.long),
         "action_mask": action_mask,
-        "weight": torch.tensor([1.5, -0.7]),
-        "actor_logps": (torch.randn(B, T, generator=g) * 0.3 - 3.0) * action_mask,
+        "weight": torch.tensor([1.5, -0.7, 0.0]),
+        "actor_logps": actor_logps,
+        "old_logp_action": actor_logps.sum(-1),
+        "zvp_direction": torch.tensor([0, 0, -1]),
     }
-    h_ref, w_ref = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-    ref_loss, _ = reference.CISPOLoss()(batch, logits=reference.head_logits(h_ref, w_ref))
-    ref_loss.backward()
+    return batch, torch.randn(B, T, D, generator=g), torch.randn(V, D, generator=g)
 
+
+def _check_losses(rank: int, world: int) -> None:
+    """CISPO (token-local), GSPO (sequence-coupled) and RL-ZVP (reads entropy) through the sharded head equal
+    the single-process losses; CISPO also equals the reference on materialised logits."""
+    batch, hidden, weight = _rl_batch()
     start, stop = vocab_partition(V, world, rank)
-    h, w = hidden.clone().requires_grad_(), weight[start:stop].clone().requires_grad_()
-    out = vocab_parallel_linear_logprobs(
-        h[:, :-1], w, input_ids[:, 1:], process_group=None, vocab_start=start, vocab_size=V, entropy=False
-    )
-    loss = _cispo_from_token_logp(out.logprobs, batch)
-    loss.backward()
-    _close(loss, ref_loss, "CISPO loss")
-    _close(h.grad, h_ref.grad, "CISPO dh")
-    _close(w.grad, w_ref.grad[start:stop], "CISPO dW")
+    for loss_fn in (losses.CISPOLoss(), losses.ClippedSurrogateLoss(), losses.ZVPCISPOLoss()):
+        name = type(loss_fn).__name__
+        h_ref, w_ref = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if type(loss_fn) is losses.CISPOLoss:
+            ref_loss, ref_stats = reference.CISPOLoss()(batch, logits=reference.head_logits(h_ref, w_ref))
+        else:
+            ref_loss, ref_stats = loss_fn(batch, hidden=h_ref, weight=w_ref, fused=False)
+        ref_loss.backward()
+        h, w = hidden.clone().requires_grad_(), weight[start:stop].clone().requires_grad_()
+        loss, stats = vocab_parallel_loss(
+            loss_fn, batch, hidden=h, weight=w, process_group=None, vocab_start=start, vocab_size=V
+        )
+        loss.backward()
+        _close(loss, ref_loss, f"{name} loss")
+        _close(stats["ratio_mean"], ref_stats["ratio_mean"], f"{name} ratio_mean")
+        _close(h.grad, h_ref.grad, f"{name} dh")
+        _close(w.grad, w_ref.grad[start:stop], f"{name} dW")
 
 
 def _worker(rank: int, world: int) -> None:
     torch.set_num_threads(1)
     _check_head(rank, world)
-    _check_cispo(rank, world)
+    _check_losses(rank, world)
 
 
 def test_vocab_parallel_two_ranks_equal_single_process():

@@ -5,6 +5,10 @@ Only the vocab-parallel head is imported here; `pipeline` and `publish` need the
 `msgpack` packages and are imported from their modules.
 """
 
-from ludic_fast.distributed.vocab_parallel import vocab_parallel_linear_logprobs, vocab_partition
+from ludic_fast.distributed.vocab_parallel import (
+    vocab_parallel_linear_logprobs,
+    vocab_parallel_loss,
+    vocab_partition,
+)
 
-__all__ = ["vocab_parallel_linear_logprobs", "vocab_partition"]
+__all__ = ["vocab_parallel_linear_logprobs", "vocab_parallel_loss", "vocab_partition"]
