@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ludic_fast import reference
+from ludic_fast import losses, reference
 from ludic_fast.batching import (
     GRPORequestStrategy,
     PaddingReport,
@@ -264,10 +264,13 @@ class _TinyLM(torch.nn.Module):
         self.tok = torch.nn.Embedding(vocab, dim)
         self.pos = torch.nn.Embedding(max_pos, dim)
         self.mlp = torch.nn.Linear(dim, dim)
-        self.head = torch.nn.Linear(dim, vocab)
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+
+    def hidden(self, input_ids, position_ids):
+        return torch.tanh(self.mlp(self.tok(input_ids) + self.pos(position_ids)))
 
     def forward(self, input_ids, position_ids):
-        return self.head(torch.tanh(self.mlp(self.tok(input_ids) + self.pos(position_ids))))
+        return self.head(self.hidden(input_ids, position_ids))
 
 
 def _packed_cispo(logits, batch, clip_eps_low=1e6, clip_eps_high=0.2):
@@ -295,26 +298,46 @@ def _rl_items(draw):
         mask = [0] * prompt + [1] * (length - prompt)
         logps = draw(st.lists(st.floats(-4.0, -0.05), min_size=length - prompt, max_size=length - prompt))
         weight = draw(st.floats(-2.0, 2.0))
-        items.append(_item(ids, mask, logps, weight=weight))
+        meta = {"request_meta": {"group_id": draw(st.sampled_from(["g0", "g1", "g2"]))}}
+        items.append(_item(ids, mask, logps, weight=weight, meta=meta))
     return items
 
 
-@settings(max_examples=30, deadline=None)
+def _grads(loss, model):
+    return torch.autograd.grad(loss, list(model.parameters()), allow_unused=True, materialize_grads=True)
+
+
+@settings(max_examples=25, deadline=None)
 @given(_rl_items(), st.integers(0, 2**16))
-def test_packed_and_padded_collation_give_the_same_cispo_loss(items, seed):
+def test_packed_and_padded_collation_give_the_same_loss(items, seed):
+    """Padded: reference.CISPOLoss on logits; packed: ludic_fast.losses on hidden states (fused head) and a
+    CISPO written here on the packed row. Same loss and model gradients; ScaleRLLoss (group_id) too."""
     torch.manual_seed(seed)
     model = _TinyLM()
     padded = collate_saw_items(items, pad_token_id=0)
     positions = torch.arange(padded["input_ids"].shape[1]).expand_as(padded["input_ids"])
     ref_loss, _ = reference.CISPOLoss()(padded, logits=model(padded["input_ids"], positions))
-    ref_grads = torch.autograd.grad(ref_loss, list(model.parameters()))
+    ref_grads = _grads(ref_loss, model)
 
     packed = collate_packed(items)
-    loss = _packed_cispo(model(packed["input_ids"], packed["position_ids"]), packed)
-    grads = torch.autograd.grad(loss, list(model.parameters()))
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
-    for g, rg in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(g, rg, rtol=1e-4, atol=1e-6)
+    packed_ids, packed_pos = packed["input_ids"], packed["position_ids"]
+    candidates = {
+        "here": _packed_cispo(model(packed_ids, packed_pos), packed),
+        "fused": losses.CISPOLoss()(packed, hidden=model.hidden(packed_ids, packed_pos), weight=model.head.weight)[0],
+    }
+    for name, loss in candidates.items():
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+        for g, rg in zip(_grads(loss, model), ref_grads, strict=True):
+            torch.testing.assert_close(g, rg, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+
+    scalerl = losses.ScaleRLLoss()
+    assert "group_id" in padded and "group_id" in packed
+    torch.testing.assert_close(
+        scalerl(packed, hidden=model.hidden(packed_ids, packed_pos), weight=model.head.weight)[0],
+        scalerl(padded, hidden=model.hidden(padded["input_ids"], positions), weight=model.head.weight)[0],
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_packed_rule_counts_real_tokens():
