@@ -25,7 +25,7 @@ head's DTensor weight is gathered with `full_tensor()`, differentiable) and Deep
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,6 +255,38 @@ def gather_lm_head(model: nn.Module) -> Iterator[None]:
     yield
 
 
+def call_in_forward(model: nn.Module, fn: Callable[..., Any], /, **inputs: Any) -> Any:
+    """`fn(lm, **inputs)` run in place of the causal LM's forward inside `model(**inputs)`.
+
+    `lm = unwrap_model(model)`. Distributed and adapter wrappers (DDP, FSDP, DeepSpeed engines, PEFT) do
+    their work around the inner module's forward: DDP prepares its gradient reduction, FSDP unshards the
+    root's parameters, ZeRO-3 arms its backward hooks. A fused head that reads the head weight directly must
+    therefore run inside that forward; this temporarily replaces `lm.forward` (an instance attribute, e.g.
+    TRL's patched forward, is restored afterwards) and calls the wrapper. Without a wrapper `fn` is called
+    directly. Whatever `fn` returns passes through the wrappers unchanged.
+    """
+    lm = unwrap_model(model)
+    if lm is model:
+        return fn(lm, **inputs)
+    saved = lm.__dict__.get("forward")
+
+    def restore() -> None:
+        if saved is None:
+            lm.__dict__.pop("forward", None)
+        else:
+            lm.forward = saved
+
+    def redirected(*_args: Any, **_kwargs: Any) -> Any:
+        restore()
+        return fn(lm, **inputs)
+
+    lm.forward = redirected
+    try:
+        return model(**inputs)
+    finally:
+        restore()
+
+
 @torch.no_grad()
 def check_lm_head(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                   atol: float = 1e-4) -> float:
@@ -289,5 +321,6 @@ __all__ = [
     "final_hidden_states",
     "lm_head",
     "gather_lm_head",
+    "call_in_forward",
     "check_lm_head",
 ]
