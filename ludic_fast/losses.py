@@ -306,7 +306,7 @@ class ClippedSurrogateLoss(HeadLoss):
             return loss, {}
         r = self._cap(log_ratio.detach().exp())
         r_mean, r_std = _mean_std(r)
-        adv_mean, adv_std = _mean_std(adv)
+        adv_mean, adv_std = _mean_std(tb.per_seq("weight", name) if "advantages" not in tb.tokens else adv)
         return loss, {
             "loss": loss,
             "ratio_mean": r_mean,
@@ -468,17 +468,24 @@ class _TokenPolicyLoss(HeadLoss, PolicyOptions):
         neg = -self.alpha_zvp * (tb.seq_max(h)[tb.seq] - h)
         return torch.where(direction > 0, pos, torch.where(direction < 0, neg, adv))
 
+    def _is_weights(self, tb: TokenBatch) -> Tensor:
+        rho = tb.token("is_weights", f"{type(self).__name__}(is_level)")
+        if self.is_level == "sequence":
+            whole = tb.whole
+            rho = torch.exp(whole.seq_sum(torch.log(whole.tokens["is_weights"])))[tb.seq]
+        lo, hi = self.is_bounds
+        return rho.clamp(lo, hi) if self.is_mode == "truncate" else rho * ((rho >= lo) & (rho <= hi))
+
+    def _top_rho_keep(self, h: Tensor, tb: TokenBatch) -> Tensor:
+        if tb.n == 0:
+            return h
+        return (h >= torch.quantile(h, 1.0 - self.entropy_top_rho)).to(h.dtype)
+
     def _weights(self, H: Tensor | None, tb: TokenBatch) -> Tensor | None:
-        w = None
-        if self.is_level is not None:
-            rho = tb.token("is_weights", f"{type(self).__name__}(is_level)")
-            if self.is_level == "sequence":
-                rho = torch.exp(tb.seq_sum(torch.log(rho)))[tb.seq]
-            lo, hi = self.is_bounds
-            w = rho.clamp(lo, hi) if self.is_mode == "truncate" else rho * ((rho >= lo) & (rho <= hi))
-        if self.entropy_top_rho is not None and tb.n:
-            h = H.detach()
-            keep = (h >= torch.quantile(h, 1.0 - self.entropy_top_rho)).to(h.dtype)
+        """Detached per-token multipliers of the policy term: IS weight x top-rho entropy mask."""
+        w = self._is_weights(tb) if self.is_level is not None else None
+        if self.entropy_top_rho is not None:
+            keep = self._top_rho_keep(H.detach(), tb)
             w = keep if w is None else w * keep
         return w
 
@@ -500,7 +507,7 @@ class _TokenPolicyLoss(HeadLoss, PolicyOptions):
         loss = (term * tb.mask * coef).sum()
         if not with_stats:
             return loss, {}
-        return loss, self._stats(loss, lp, H, tb, log_ratio.detach(), stat_ratio.detach(), adv, w, pstats)
+        return loss, self._stats(loss, lp, H, tb, log_ratio.detach(), stat_ratio.detach(), adv, pstats)
 
     def _kl(self, lp: Tensor, tb: TokenBatch) -> Tensor:
         d = lp - tb.token("ref_logps", f"{type(self).__name__}(kl_coeff)")
@@ -510,7 +517,7 @@ class _TokenPolicyLoss(HeadLoss, PolicyOptions):
             return 0.5 * d * d
         return torch.exp(-d) - 1.0 + d
 
-    def _stats(self, loss, lp, H, tb, log_ratio, ratio, adv, w, pstats) -> Stats:
+    def _stats(self, loss, lp, H, tb, log_ratio, ratio, adv, pstats) -> Stats:
         r_mean, r_std = _mean_std(ratio)
         if "weight" in tb.seqs and "advantages" not in tb.tokens:
             adv_mean, adv_std = _mean_std(tb.seqs["weight"])
@@ -524,7 +531,7 @@ class _TokenPolicyLoss(HeadLoss, PolicyOptions):
             "kl_actor_policy": _mean_std(log_ratio.exp() - log_ratio - 1)[0],
             "adv_mean": adv_mean,
             "adv_std": adv_std,
-            **_common_stats(lp.detach(), None if H is None else H.detach(), tb),
+            **_common_stats(lp.detach(), H.detach() if self.needs_entropy else None, tb),
         }
         if self.alpha_zvp is not None:
             zvp = (tb.per_seq("zvp_direction", "alpha_zvp") != 0).float()
@@ -533,8 +540,10 @@ class _TokenPolicyLoss(HeadLoss, PolicyOptions):
             stats["zvp_adv_mean"] = (adv.detach() * on).sum() / on.sum().clamp(min=1.0)
         if self.kl_coeff != 0.0:
             stats["kl_ref_mean"] = _mean_std(self._kl(lp.detach(), tb))[0]
-        if w is not None:
-            stats["is_weight_mean"] = _mean_std(w)[0]
+        if self.is_level is not None:
+            stats["is_weight_mean"] = _mean_std(self._is_weights(tb))[0]
+        if self.entropy_top_rho is not None:
+            stats["entropy_keep_frac"] = _mean_std(self._top_rho_keep(H.detach(), tb))[0]
         return stats
 
 

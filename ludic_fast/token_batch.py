@@ -78,6 +78,7 @@ class TokenBatch:
     n_seq: int
     total_mask: Tensor  # sum of M over the whole batch (0-d)
     batch: Mapping[str, Tensor]
+    parent: TokenBatch | None = None  # the whole batch, for a subset
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -110,7 +111,14 @@ class TokenBatch:
 
     def subset(self, sel: slice) -> TokenBatch:
         """The tokens `sel` (a slice of the flat order) with every per-sequence constant unchanged."""
-        return replace(self, rows=self.rows[sel], tokens={k: v[sel] for k, v in self.tokens.items()})
+        tokens = {k: v[sel] for k, v in self.tokens.items()}
+        return replace(self, rows=self.rows[sel], tokens=tokens, parent=self.whole)
+
+    @property
+    def whole(self) -> TokenBatch:
+        """The whole batch this is a subset of (itself when it is whole): per-sequence reductions of
+        per-token CONSTANTS (e.g. a sequence IS weight) must see every token."""
+        return self if self.parent is None else self.parent
 
     # ------------------------------------------------------------------ accessors
     @property
