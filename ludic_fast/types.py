@@ -16,6 +16,7 @@ Free-form fields (`meta`, `info`, observations, actions) must themselves be JSON
 from __future__ import annotations
 
 import math
+import numbers
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -27,21 +28,25 @@ RolloutStepKey = tuple[str, int]
 
 
 def _int_list(value: Any, name: str) -> list[int]:
-    if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+    """A list of Python ints (numpy/other Integral scalars accepted); bools and floats are rejected."""
+    if not isinstance(value, (list, tuple)) or any(
+        isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in value
+    ):
         raise TypeError(f"{name} must be a List[int]")
-    return list(value)
+    return [int(v) for v in value]
 
 
 def _float_list(value: Any, name: str) -> list[float]:
+    """A list of Python floats (any Real scalar accepted); bools and non-numbers are rejected."""
     if not isinstance(value, (list, tuple)) or any(
-        isinstance(v, bool) or not isinstance(v, (int, float)) for v in value
+        isinstance(v, bool) or not isinstance(v, numbers.Real) for v in value
     ):
         raise TypeError(f"{name} must be a List[float]")
     return [float(v) for v in value]
 
 
 def _finite_float(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")

@@ -109,3 +109,14 @@ def test_group_id_of_reads_request_meta_then_flat_meta():
     assert group_id_of({"request_meta": {"group_id": "a"}, "group_id": "b"}) == "a"
     assert group_id_of({"group_id": 5}) == "5"
     assert group_id_of({}) is None
+
+
+def test_numpy_scalars_become_python_numbers():
+    np = pytest.importorskip("numpy")
+    item = SAWItem(list(np.array([4, 5])), [1, 1], [0, 1], np.float32(0.5),
+                   attachments=SampleAttachments(ActorTokenLogps([np.float64(-1.5)])))
+    assert type(item.input_ids[0]) is int and type(item.weight) is float
+    assert type(item.actor_logps.token_logps[0]) is float
+    json.dumps(item.to_dict())
+    with pytest.raises(TypeError, match="input_ids must be a List\\[int\\]"):
+        SAWItem([1.0, 2.0], [1, 1], [0, 1], 0.5)
