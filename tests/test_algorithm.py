@@ -64,6 +64,12 @@ def test_preset_defaults():
     assert make_reinforce_baseline(normalize_adv=True).loss.normalize is True
 
 
+def test_gspo_loss_needs_old_logp_action():
+    batch = collate_saw_items([_item(1.0)], pad_token_id=0)  # no actor logps -> no old_logp_action
+    with pytest.raises(KeyError, match="old_logp_action"):
+        make_gspo(group_size=1).loss(batch, logits=torch.zeros(1, 3, V))
+
+
 def test_make_cispo_custom_parameters():
     algo = make_cispo(
         group_size=8, clip_eps_high=0.5, clip_eps_low=0.1, length_normalize=False, positive_only=True, name="mine"
