@@ -47,16 +47,16 @@ from ludic_fast.credit import (
 )
 from ludic_fast.curriculum import NoPositiveResampling
 from ludic_fast.filters import (
-    apply_filter,
     combine,
     compose_preprocess,
     drop_incomplete_completions,
+    drop_items,
     drop_truncated,
     drop_zero_weight_samples,
     filter_zero_variance_groups,
     validate_actor_logps,
 )
-from ludic_fast.types import CreditAssigner, Preprocess, SampleFilter, SAWBatch
+from ludic_fast.types import CreditAssigner, Preprocess
 
 Stats = dict[str, Any]
 
@@ -98,16 +98,6 @@ class RLAlgorithm:
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def drop_items(sample_filter: SampleFilter) -> Preprocess:
-    """A preprocess that keeps only the items `sample_filter` keeps (in place; returns the batch)."""
-
-    def _drop(saw_batch: SAWBatch) -> SAWBatch:
-        saw_batch.items = apply_filter(saw_batch.items, sample_filter)
-        return saw_batch
-
-    return _drop
-
-
 def _compose(steps: list[Preprocess]) -> Preprocess | None:
     return compose_preprocess(*steps) if steps else None
 
@@ -343,7 +333,6 @@ def make_rl_zvp(
 
 __all__ = [
     "RLAlgorithm",
-    "drop_items",
     "make_reinforce",
     "make_reinforce_baseline",
     "make_grpo",

@@ -7,7 +7,8 @@ Sample filters, as Ludic master's `training/filters.py`; a missing meta key mean
 Preprocess functions, as Ludic master's `training/algorithm.py` (the trainer runs them on the whole
 macro-batch before truncation and micro-batching):
     validate_actor_logps, drop_zero_weight_samples (keep |w| > eps), filter_zero_variance_groups
-    (drop GRPO groups whose item weights have sample std ≤ eps), compose_preprocess (left to right).
+    (drop GRPO groups whose item weights have sample std ≤ eps), compose_preprocess (left to right),
+    and drop_items (any sample filter as a preprocess; ours).
 """
 
 from __future__ import annotations
@@ -60,6 +61,16 @@ def apply_filter(items: Iterable[SAWItem], sample_filter: SampleFilter | None) -
 
 
 # --------------------------------------------------------------------------------- preprocess functions
+def drop_items(sample_filter: SampleFilter) -> Preprocess:
+    """A preprocess that keeps only the items `sample_filter` keeps (in place; returns the batch)."""
+
+    def _drop(saw_batch: SAWBatch) -> SAWBatch:
+        saw_batch.items = apply_filter(saw_batch.items, sample_filter)
+        return saw_batch
+
+    return _drop
+
+
 def validate_actor_logps(saw_batch: SAWBatch) -> SAWBatch:
     """Check every item carries behaviour logprobs, one float per action token; return the batch unchanged.
 
@@ -144,6 +155,7 @@ __all__ = [
     "combine",
     "any_of",
     "apply_filter",
+    "drop_items",
     "validate_actor_logps",
     "drop_zero_weight_samples",
     "filter_zero_variance_groups",

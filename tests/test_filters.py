@@ -12,6 +12,7 @@ from ludic_fast.filters import (
     combine,
     compose_preprocess,
     drop_incomplete_completions,
+    drop_items,
     drop_parse_errors,
     drop_truncated,
     drop_zero_weight_samples,
@@ -139,3 +140,9 @@ def test_compose_preprocess_preserves_order():
 
     out = compose_preprocess(tag("a"), tag("b"), tag("c"))(SAWBatch([]))
     assert calls == ["a", "b", "c"] and out.meta["order"] == ["a", "b", "c"]
+
+
+def test_drop_items_turns_a_sample_filter_into_a_preprocess():
+    keep, trunc = _item({}), _item({"truncated": True})
+    batch = SAWBatch([trunc, keep])
+    assert drop_items(drop_truncated)(batch) is batch and batch.items == [keep]
