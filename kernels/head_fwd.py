@@ -1,0 +1,99 @@
+"""Fused forward of the head (no logits workspace): one program per (token tile x vocab split).
+
+Each program computes logit tiles z = final(h W^T + b) with tl.dot (fp32 accumulation) over its vocab
+range and keeps, per row, the fp32 online statistics
+
+    m = max_j z_j,   s = sum_j e^{z_j - m},   t = sum_j e^{z_j - m} z_j,   z_y (target logit, 0 elsewhere)
+
+written as partials `part[q, split, row]` (q = m, s, t, z_y) that `head_merge` combines. Vocab columns
+>= V are -inf for m and s and contribute 0 to t. Offsets into h and W are int64.
+"""
+
+import triton
+import triton.language as tl
+
+from ._logit_math import final_logits
+
+#: Default launch configuration (also used by the AOT compile check).
+BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 128, 128, 64, 8, 3
+
+
+@triton.jit
+def dot_tile(h_ptr, w_ptr, rows, cols, row_ok, col_ok, D, stride_hn, stride_hk, stride_wv, stride_wk,
+             UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+    """fp32 [BLOCK_M, BLOCK_N] tile of h[rows] @ W[cols]^T, looping over D in BLOCK_K steps."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    h_row = h_ptr + rows.to(tl.int64)[:, None] * stride_hn
+    w_col = w_ptr + cols.to(tl.int64)[None, :] * stride_wv
+    for k0 in range(0, D, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < D
+        h = tl.load(h_row + ks.to(tl.int64)[None, :] * stride_hk, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_col + ks.to(tl.int64)[:, None] * stride_wk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if UPCAST:  # interpreter only: its bf16 tl.dot is wrong; bf16 -> fp32 is exact
+            h = h.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(h, w, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def head_fwd_kernel(
+    h_ptr, w_ptr, b_ptr, tgt_ptr, inv_t_ptr, part_ptr,
+    N, V, D, stride_hn, stride_hk, stride_wv, stride_wk, blocks_per_split,
+    HAS_BIAS: tl.constexpr, SCALE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SOFTCAP: tl.constexpr,
+    ENTROPY: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    n_splits = tl.num_programs(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < N
+    tgt = tl.load(tgt_ptr + rows, mask=row_ok, other=-1)
+    inv_t = tl.load(inv_t_ptr + rows, mask=row_ok, other=1.0)
+    m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    s = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    t = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    zy = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    v_lo = pid_s * blocks_per_split * BLOCK_N
+    for vb in range(0, blocks_per_split):
+        cols = v_lo + vb * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < V
+        raw = dot_tile(h_ptr, w_ptr, rows, cols, row_ok, col_ok, D, stride_hn, stride_hk, stride_wv, stride_wk,
+                       UPCAST, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+        if HAS_BIAS:
+            raw += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        z, _th = final_logits(raw, inv_t, SCALE, HAS_SOFTCAP, SOFTCAP)
+        z = tl.where(col_ok[None, :], z, float("-inf"))
+        zy += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        keep = tl.exp(m - m_new)
+        e = tl.exp(z - m_new[:, None])
+        s = s * keep + tl.sum(e, axis=1)
+        if ENTROPY:
+            t = t * keep + tl.sum(e * tl.where(col_ok[None, :], z, 0.0), axis=1)
+        m = m_new
+    out = part_ptr + pid_s.to(tl.int64) * N + rows
+    plane = n_splits.to(tl.int64) * N
+    tl.store(out, m, mask=row_ok)
+    tl.store(out + plane, s, mask=row_ok)
+    tl.store(out + 2 * plane, t, mask=row_ok)
+    tl.store(out + 3 * plane, zy, mask=row_ok)
+
+
+def launch_head_fwd(h, w, b, tgt, inv_t, part, blocks_per_split, *, scale, softcap, entropy, upcast, precision,
+                    block_m=BLOCK_M, block_n=BLOCK_N, block_k=BLOCK_K, num_warps=NUM_WARPS, num_stages=NUM_STAGES):
+    """part: fp32 [4, splits, N] (written). tgt int32 with -1 for ignored rows; inv_t fp32 [N]."""
+    N, D = h.shape
+    V = w.shape[0]
+    splits = part.shape[1]
+    grid = (triton.cdiv(N, block_m), splits)
+    head_fwd_kernel[grid](
+        h, w, b if b is not None else inv_t, tgt, inv_t, part,
+        N, V, D, h.stride(0), h.stride(1), w.stride(0), w.stride(1), blocks_per_split,
+        HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
+        SOFTCAP=1.0 if softcap is None else softcap, ENTROPY=entropy, UPCAST=upcast, PRECISION=precision,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+    )

@@ -1,0 +1,105 @@
+"""Workspace-strategy epilogue: one program per ROWS rows of a raw-logits chunk written by a GEMM.
+
+Input `ws [n, c]` (bf16/fp16/fp32, any row stride) holds raw logits h W[col_start : col_start + c]^T of
+n tokens. With z = final(ws + b) (fp32; see `_logit_math`):
+
+  STATS (needs whole vocabulary rows, c = V):  lse = log sum_j e^{z_j},  E_p z = sum_j p_j z_j,  z_y
+  GRAD  (any column slice; lse and E_p z given or from STATS):  ws <- d(raw) in place, where
+        dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z),  d(raw)_j = dz_j / T * SCALE * (1 - tanh^2)
+
+Vocab columns past c are -inf for the statistics and 0 for the entropy sum. Targets are global vocab ids
+(-1 = ignored row: no gradient, z_y = 0). Row offsets are int64.
+"""
+
+import triton
+import triton.language as tl
+
+from ._logit_math import final_logits, logit_grad, raw_grad
+
+ROWS, BLOCK_V, NUM_WARPS = 1, 4096, 8
+
+
+@triton.jit
+def _final_tile(ws_row, b_ptr, cols, col_start, col_ok, row_ok, inv_t,
+                HAS_BIAS: tl.constexpr, SCALE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SOFTCAP: tl.constexpr):
+    ok = row_ok[:, None] & col_ok[None, :]
+    raw = tl.load(ws_row + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        raw += tl.load(b_ptr + col_start + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    z, th = final_logits(raw, inv_t, SCALE, HAS_SOFTCAP, SOFTCAP)
+    return z, th, ok
+
+
+@triton.jit
+def head_rows_kernel(
+    ws_ptr, b_ptr, tgt_ptr, inv_t_ptr, lse_ptr, ez_ptr, zy_ptr, glp_ptr, gh_ptr,
+    n_rows, n_cols, col_start, stride_ws,
+    HAS_BIAS: tl.constexpr, SCALE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SOFTCAP: tl.constexpr,
+    ENTROPY: tl.constexpr, STATS: tl.constexpr, GRAD: tl.constexpr, HAS_GH: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    ws_row = ws_ptr + rows.to(tl.int64)[:, None] * stride_ws
+    tgt = tl.load(tgt_ptr + rows, mask=row_ok, other=-1) - col_start
+    inv_t = tl.load(inv_t_ptr + rows, mask=row_ok, other=1.0)
+    if STATS:
+        m = tl.full((ROWS,), float("-inf"), dtype=tl.float32)
+        s = tl.zeros((ROWS,), dtype=tl.float32)
+        t = tl.zeros((ROWS,), dtype=tl.float32)
+        zy = tl.zeros((ROWS,), dtype=tl.float32)
+        for v0 in range(0, n_cols, BLOCK_V):
+            cols = v0 + tl.arange(0, BLOCK_V)
+            col_ok = cols < n_cols
+            z, _th, ok = _final_tile(ws_row, b_ptr, cols, col_start, col_ok, row_ok, inv_t,
+                                     HAS_BIAS, SCALE, HAS_SOFTCAP, SOFTCAP)
+            z = tl.where(col_ok[None, :], z, float("-inf"))
+            zy += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
+            m_new = tl.maximum(m, tl.max(z, axis=1))
+            keep = tl.exp(m - m_new)
+            e = tl.exp(z - m_new[:, None])
+            s = s * keep + tl.sum(e, axis=1)
+            if ENTROPY:
+                t = t * keep + tl.sum(e * tl.where(col_ok[None, :], z, 0.0), axis=1)
+            m = m_new
+        lse = m + tl.log(s)
+        ez = t / s
+        tl.store(lse_ptr + rows, lse, mask=row_ok)
+        tl.store(ez_ptr + rows, ez, mask=row_ok)
+        tl.store(zy_ptr + rows, zy, mask=row_ok)
+    else:
+        lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
+        ez = tl.load(ez_ptr + rows, mask=row_ok, other=0.0)
+    if GRAD:
+        valid = tl.load(tgt_ptr + rows, mask=row_ok, other=-1) >= 0
+        g_lp = tl.where(valid, tl.load(glp_ptr + rows, mask=row_ok, other=0.0), 0.0)
+        if HAS_GH:
+            g_h = tl.where(valid, tl.load(gh_ptr + rows, mask=row_ok, other=0.0), 0.0)
+        else:
+            g_h = g_lp
+        for v0 in range(0, n_cols, BLOCK_V):
+            cols = v0 + tl.arange(0, BLOCK_V)
+            col_ok = cols < n_cols
+            z, th, ok = _final_tile(ws_row, b_ptr, cols, col_start, col_ok, row_ok, inv_t,
+                                    HAS_BIAS, SCALE, HAS_SOFTCAP, SOFTCAP)
+            p = tl.where(ok, tl.exp(z - lse[:, None]), 0.0)
+            dz = logit_grad(tl.where(ok, z, 0.0), p, cols[None, :] == tgt[:, None], g_lp, g_h, ez, HAS_GH)
+            draw = raw_grad(dz, th, inv_t, SCALE, HAS_SOFTCAP)
+            tl.store(ws_row + cols[None, :], draw.to(ws_ptr.dtype.element_ty), mask=ok)
+
+
+def launch_head_rows(ws, b, tgt, inv_t, lse, ez, zy, g_lp, g_h, *, col_start, scale, softcap, entropy, stats,
+                     rows=ROWS, block_v=BLOCK_V, num_warps=NUM_WARPS):
+    """See the module docstring. ws [n, c] with unit column stride; tgt int32 [n] (-1 ignored); inv_t,
+    lse, ez, zy, g_lp, g_h fp32 [n] (g_lp None: statistics only; g_h None: no entropy gradient)."""
+    n, c = ws.shape
+    grad = g_lp is not None
+    dummy = inv_t
+    head_rows_kernel[(triton.cdiv(n, rows),)](
+        ws, b if b is not None else dummy, tgt, inv_t, lse, ez, zy if zy is not None else dummy,
+        g_lp if grad else dummy, g_h if g_h is not None else dummy,
+        n, c, col_start, ws.stride(0),
+        HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
+        SOFTCAP=1.0 if softcap is None else softcap, ENTROPY=entropy, STATS=stats, GRAD=grad,
+        HAS_GH=g_h is not None, ROWS=rows, BLOCK_V=block_v, num_warps=num_warps,
+    )

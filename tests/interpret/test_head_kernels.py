@@ -1,0 +1,149 @@
+"""Triton head kernels (fused and workspace strategies) under TRITON_INTERPRET=1 vs ludic_fast.reference.
+
+Cases are a hand-picked cover of dtype x V x D x temperature x softcap x bias x ignore_index x strides x N
+(not the full cross-product: the interpreter is slow). D is never a multiple of the 64-wide K block.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from ludic_fast import reference
+from ludic_fast.ops import linear_logprobs
+
+pytestmark = [
+    pytest.mark.interpret,
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+        reason="needs a CUDA GPU or TRITON_INTERPRET=1 (the Triton interpreter)",
+    ),
+]
+DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    dtype: torch.dtype
+    n: int
+    v: int
+    d: int
+    temperature: str  # "1", "0.7" or "per-token"
+    softcap: float | None = None
+    logit_scale: float = 1.0
+    bias: bool = False
+    entropy: bool = True
+    ignore: bool = False  # some rows are ignore_index
+    strided: bool = False  # hidden / weight non-contiguous
+
+
+CASES = [
+    Case("fp32-v1021-n3", torch.float32, 3, 1021, 40, "1", bias=True, ignore=True),
+    Case("fp32-v4099-n300", torch.float32, 300, 4099, 72, "per-token", softcap=5.0, logit_scale=1.3, bias=True,
+         ignore=True, strided=True),
+    Case("fp32-v4099-n1", torch.float32, 1, 4099, 40, "0.7", softcap=3.0, entropy=False),
+    Case("bf16-v1021-n3", torch.bfloat16, 3, 1021, 40, "0.7", softcap=5.0, bias=True, strided=True),
+    Case("bf16-v4099-n300", torch.bfloat16, 300, 4099, 40, "per-token", ignore=True),
+    Case("bf16-v1021-n1", torch.bfloat16, 1, 1021, 72, "1", logit_scale=0.5, entropy=False),
+]
+
+
+def _inputs(case: Case, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    n, v, d = case.n, case.v, case.d
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(case.dtype)
+
+    if case.strided:
+        hidden = rnd(n, 2 * d)[:, ::2]
+        weight = rnd(d, v, scale=0.4).T  # [V, D] column-major
+    else:
+        hidden = rnd(n, d)
+        weight = rnd(v, d, scale=0.4)
+    bias = (torch.randn(v, generator=g) * 0.5).to(case.dtype) if case.bias else None
+    targets = torch.randint(0, v, (n,), generator=g)
+    if case.ignore:
+        targets[1::7] = -100
+    temperature = {"1": 1.0, "0.7": 0.7, "per-token": torch.rand(n, generator=g) + 0.4}[case.temperature]
+    g_lp = torch.randn(n, 3, generator=g)[:, 1]  # strided upstream gradients
+    g_h = torch.randn(2, n, generator=g)[1, :] if case.entropy else None
+    return hidden, weight, bias, targets, temperature, g_lp, g_h
+
+
+def _head_and_grads(fn, case, hidden, weight, bias, targets, temperature, g_lp, g_h):
+    leaves = [x.detach().clone().requires_grad_() for x in (hidden, weight)]
+    b = None if bias is None else bias.detach().clone().requires_grad_()
+    out = fn(leaves[0], leaves[1], targets, bias=b, logit_scale=case.logit_scale, softcap=case.softcap,
+             temperature=temperature, entropy=case.entropy)
+    outputs, grads = [out.logprobs], [g_lp]
+    if case.entropy:
+        outputs.append(out.entropy)
+        grads.append(g_h)
+    inputs = leaves + ([b] if b is not None else [])
+    return out, torch.autograd.grad(outputs, inputs, grads)
+
+
+def _max_rel(a, b):
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-12)).item()
+
+
+@pytest.mark.parametrize("strategy", ["fused", "workspace"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_head_matches_reference(case, strategy, monkeypatch):
+    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", strategy)
+    hidden, weight, bias, targets, temperature, g_lp, g_h = _inputs(case)
+    args = (targets, temperature, g_lp, g_h)
+
+    def triton_fn(*a, **k):
+        return linear_logprobs(*a, backend="triton", **k)
+
+    out, grads = _head_and_grads(triton_fn, case, *(x.to(DEVICE) if x is not None else None
+                                                    for x in (hidden, weight, bias)), *args)
+    # the reference runs in fp32 on the exact fp32 images of the (possibly bf16) inputs
+    f32 = [None if x is None else x.float() for x in (hidden, weight, bias)]
+    ref, ref_grads = _head_and_grads(reference.linear_logprobs, case, *f32, *args)
+
+    assert out.logprobs.dtype == torch.float32 and out.logprobs.shape == targets.shape
+    torch.testing.assert_close(out.logprobs.cpu(), ref.logprobs, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(out.lse.cpu(), ref.lse, atol=2e-5, rtol=1e-5)
+    if case.entropy:
+        torch.testing.assert_close(out.entropy.cpu(), ref.entropy, atol=2e-5, rtol=1e-5)
+    else:
+        assert out.entropy is None
+    assert bool((out.logprobs[targets == -100] == 0).all())
+    # bf16: d(raw) is rounded to bf16 before the gradient GEMMs (tensor-core operands), as verl/CCE do
+    grad_tol = 1e-5 if case.dtype == torch.float32 else 1.5e-2
+    for name, got, want in zip(("hidden", "weight", "bias"), grads, ref_grads):
+        assert got.dtype == case.dtype and got.shape == want.shape, name
+        assert _max_rel(got.cpu(), want) <= grad_tol, (name, _max_rel(got.cpu(), want))
+
+
+@pytest.mark.parametrize("strategy", ["fused", "workspace"])
+def test_only_entropy_gradient_and_frozen_weight(strategy, monkeypatch):
+    """g_lp absent (None upstream) and no weight grad requested: dh from the entropy term alone."""
+    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", strategy)
+    case = Case("fp32", torch.float32, 5, 1021, 40, "0.7", softcap=4.0)
+    hidden, weight, _, targets, temperature, _, g_h = _inputs(case, seed=3)
+    h = hidden.clone().requires_grad_()
+    out = linear_logprobs(h, weight, targets, temperature=temperature, softcap=4.0, backend="triton")
+    (dh,) = torch.autograd.grad(out.entropy, h, g_h)
+    h_ref = hidden.clone().requires_grad_()
+    ref = reference.linear_logprobs(h_ref, weight, targets, temperature=temperature, softcap=4.0)
+    (dh_ref,) = torch.autograd.grad(ref.entropy, h_ref, g_h)
+    assert _max_rel(dh, dh_ref) <= 1e-5
+
+
+@pytest.mark.parametrize("strategy", ["fused", "workspace"])
+def test_empty_batch(strategy, monkeypatch):
+    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", strategy)
+    h = torch.zeros(0, 40, requires_grad=True)
+    w = torch.randn(1021, 40, requires_grad=True)
+    out = linear_logprobs(h, w, torch.zeros(0, dtype=torch.long), backend="triton")
+    assert out.logprobs.shape == (0,) and out.entropy.shape == (0,)
+    dh, dw = torch.autograd.grad(out.logprobs.sum() + out.entropy.sum(), (h, w))
+    assert dh.shape == (0, 40) and bool((dw == 0).all())
