@@ -376,6 +376,8 @@ Shaping = Callable[[Rollout, int], float]
 class ShapedCredit:
     """Adds Σ shaping(rollout, |y|) to each rollout's last-step reward, then runs `inner` on the result.
 
+    Every bonus is computed on the unshaped rollout, then they are summed.
+
     The shaped rollouts share ids and `meta` with the originals, so keys and meta written by `inner`
     (e.g. `zvp_direction`) land on the caller's rollouts.
     """
