@@ -18,7 +18,8 @@ import torch
 redis = pytest.importorskip("redis", reason="needs the redis Python client")
 pytest.importorskip("msgpack", reason="needs msgpack")
 
-from ludic_fast import reference  # noqa: E402
+from ludic_fast import losses  # noqa: E402
+from ludic_fast.batching import collate_saw_items  # noqa: E402
 from ludic_fast.distributed.pipeline import (  # noqa: E402
     MalformedPayloadError,
     PipelineBatchSource,
@@ -193,27 +194,13 @@ def _checksum(model: torch.nn.Module) -> float:
     return float(sum(p.double().sum() for p in model.state_dict().values()))
 
 
-def _collate(items: list[SAWItem]) -> dict[str, torch.Tensor]:
-    T = max(len(i) for i in items)
-    ids = torch.zeros(len(items), T, dtype=torch.long)
-    action = torch.zeros(len(items), T)
-    actor = torch.zeros(len(items), T)
-    for b, it in enumerate(items):
-        ids[b, : len(it)] = torch.tensor(it.input_ids)
-        action[b, : len(it)] = torch.tensor(it.action_mask, dtype=torch.float32)
-        actor[b, action[b] > 0] = torch.tensor(it.actor_logps.token_logps)
-    weight = torch.tensor([it.weight for it in items])
-    return {"input_ids": ids, "action_mask": action, "actor_logps": actor, "weight": weight,
-            "attention_mask": (action >= 0).long()}
-
-
 def _write(f, **record) -> None:
     f.write(json.dumps(record) + "\n")
     f.flush()
 
 
 def _learner_main(url: str, out: str) -> None:
-    """Minimal learner loop (tiny model, reference CISPO loss on its logits, AdamW), publishing after each step."""
+    """Minimal learner loop (tiny model, fused CISPO on its hidden states, AdamW), publishing after each step."""
     torch.set_num_threads(1)
     model = _tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -223,8 +210,8 @@ def _learner_main(url: str, out: str) -> None:
     with open(out, "w") as f:
         for step in range(1, STEPS + 1):
             batch = src.next_batch_sync()
-            data = _collate(batch.items)
-            loss, _ = reference.CISPOLoss()(data, logits=model(data["input_ids"]))
+            data = collate_saw_items(batch.items, pad_token_id=0)
+            loss, _ = losses.CISPOLoss()(data, hidden=model[0](data["input_ids"]), weight=model[1].weight)
             opt.zero_grad()
             loss.backward()
             opt.step()
