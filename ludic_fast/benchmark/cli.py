@@ -1,0 +1,167 @@
+"""`ludic-fast bench`: time and memory of the head and losses, ours vs reference vs peers vs the GEMM floor.
+
+    ludic-fast bench --preset key --out bench/results          # the CPU table of issue 9 (N=2048, Qwen2.5-0.5B head)
+    ludic-fast bench --preset cpu --out bench/results          # + N sweep, V sweep, D=2048 V=32000, every workload
+    ludic-fast bench --workloads head,cispo --n 512,1024 --d 896 --v 151936 --impls ours-fused,reference
+
+Writes `results.json`, `results.md` (tables with every ratio) and `scaling_<workload>_<n|v>.png` to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from ludic_fast.benchmark.impls import IMPLS
+from ludic_fast.benchmark.report import markdown_report, plot_scaling
+from ludic_fast.benchmark.runner import CaseResult, Options, run_suite
+from ludic_fast.benchmark.workloads import WORKLOADS, Shape
+
+QWEN_D, QWEN_V = 896, 151936  # Qwen2.5-0.5B head
+_CPU_IMPLS = ("ours-fused", "ours-generic", "reference", "liger", "trl", "verl", "gemm-fwd+bwd", "gemm-fwd")
+_GPU_IMPLS = ("ours-fused", "ours-generic", "ours-triton", "reference", "liger", "trl", "verl", "gemm-fwd+bwd",
+              "gemm-fwd")
+#: verl's five test shapes (N, D, V), Liger's FLCE shapes (N 4k-32k, D=4096, V=128256) and N=8192 D=4096 V=151936
+_GPU_SHAPES = (
+    [(1937, 3584, 152064), (2169, 896, 151936), (1530, 2048, 32256), (1388, 4096, 102400), (8192, 4096, 102400)]
+    + [(n, 4096, 128256) for n in (4096, 8192, 16384, 32768)]
+    + [(8192, 4096, 151936)]
+)
+
+PRESETS: dict[str, dict] = {
+    "key": {
+        "shapes": [(2048, QWEN_D, QWEN_V)],
+        "workloads": ("head", "cispo"),
+        "impls": _CPU_IMPLS,
+        "dtype": "float32",
+    },
+    "cpu": {
+        "shapes": [(n, QWEN_D, QWEN_V) for n in (512, 1024, 2048, 4096)]
+        + [(1024, QWEN_D, v) for v in (32000, 65536)]
+        + [(2048, 2048, 32000)],
+        "workloads": tuple(WORKLOADS),
+        "impls": _CPU_IMPLS,
+        "dtype": "float32",
+    },
+    "gpu": {"shapes": _GPU_SHAPES, "workloads": tuple(WORKLOADS), "impls": _GPU_IMPLS, "dtype": "bfloat16"},
+    "smoke": {
+        "shapes": [(64, 32, 1021), (128, 32, 1021)],
+        "workloads": ("head", "cispo"),
+        "impls": _CPU_IMPLS,
+        "dtype": "float32",
+    },
+}
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in _csv(text)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ludic-fast bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), help="shapes/workloads/implementations to start from")
+    p.add_argument("--workloads", type=_csv, help=f"comma list of {sorted(WORKLOADS)}")
+    p.add_argument("--impls", type=_csv, help=f"comma list of {sorted(IMPLS)}")
+    p.add_argument("--n", type=_ints, help="comma list of token counts N (with --d and --v: their product)")
+    p.add_argument("--d", type=_ints, help="comma list of hidden sizes D")
+    p.add_argument("--v", type=_ints, help="comma list of vocabulary sizes V")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per sequence of the loss batches")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads per case (CPU)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per case")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing")
+    p.add_argument("--check-tokens", type=int, default=256, help="tokens of the float64 error check (0: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per case")
+    p.add_argument("--out", default="bench/results", help="output folder")
+    p.add_argument("--note", action="append", default=[], help="free-form line for the report header")
+    return p
+
+
+def _shapes(args: argparse.Namespace, preset: dict) -> list[Shape]:
+    dtype = args.dtype or preset.get("dtype", "float32")
+    if args.n or args.d or args.v:
+        ns, ds, vs = args.n or [2048], args.d or [QWEN_D], args.v or [QWEN_V]
+        triples = [(n, d, v) for d in ds for v in vs for n in ns]
+    else:
+        triples = preset.get("shapes", [(2048, QWEN_D, QWEN_V)])
+    return [Shape(n, d, v, dtype=dtype, seq_len=args.seq_len) for n, d, v in triples]
+
+
+def _validate(names: list[str], known, what: str) -> list[str]:
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise SystemExit(f"unknown {what}: {bad}; choose from {sorted(known)}")
+    return names
+
+
+def _load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # called through `ludic-fast bench ...`
+        argv = argv[1:]
+    args = build_parser().parse_args(argv)
+    preset = PRESETS.get(args.preset or "key")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    workloads = _validate(args.workloads or list(preset["workloads"]), WORKLOADS, "workloads")
+    impls = _validate(args.impls or list(preset["impls"]), IMPLS, "implementations")
+    shapes = _shapes(args, preset)
+    opts = Options(device=device, threads=args.threads, repeats=args.repeats, warmup=args.warmup,
+                   check_tokens=args.check_tokens, seed=args.seed, timeout_s=args.timeout)
+    load_before = _load_average()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    results = run_suite(impls, workloads, shapes, opts)
+    meta = {
+        "command": "ludic-fast bench " + " ".join(argv),
+        "date (UTC)": started.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device {device}"
+        + (f" ({torch.cuda.get_device_name()})" if device.startswith("cuda") else ""),
+        "torch threads": str(args.threads),
+        "versions": f"torch {torch.__version__}, python {platform.python_version()}",
+        "runs": f"{args.warmup} warm-up + {args.repeats} timed per case",
+        "load average (1/5/15 min) before": load_before,
+        "load average after": _load_average(),
+        **{f"note {i + 1}": n for i, n in enumerate(args.note)},
+    }
+    write_outputs(results, meta, Path(args.out))
+    print(f"wrote {args.out}/results.md")
+    return 0 if all(r.status != "failed" for r in results) else 1
+
+
+def write_outputs(results: list[CaseResult], meta: dict[str, str], out: Path) -> None:
+    """results.json, results.md and the scaling plots of every workload with a sweep along N or V."""
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": meta, "results": [r.to_json() for r in results]}
+    (out / "results.json").write_text(json.dumps(payload, indent=1) + "\n")
+    (out / "results.md").write_text(markdown_report(results, meta))
+    for workload in dict.fromkeys(r.workload for r in results):
+        for axis in ("n", "v"):
+            plot_scaling(results, workload, axis, out / f"scaling_{workload}_{axis}.png")
+
+
+def load_results(path: str | Path) -> tuple[list[CaseResult], dict[str, str]]:
+    """Read back a results.json written by `write_outputs`."""
+    payload = json.loads(Path(path).read_text())
+    return [CaseResult.from_json(r) for r in payload["results"]], payload["meta"]
+
+
+__all__ = ["main", "build_parser", "write_outputs", "load_results", "PRESETS"]

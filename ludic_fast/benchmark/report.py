@@ -1,0 +1,190 @@
+"""Markdown tables and PNG plots of benchmark results.
+
+Per (shape, workload) the results table lists every implementation with median / min time, peak memory,
+memory above the inputs, the ratios time / reference, time / GEMM floor (the three bare GEMMs, 6NDV),
+peak / reference, and the max errors against the float64 reference. The "ours vs" table gives every
+ratio of each of our modes against every other implementation (time and peak memory), with the goals of
+issue 9 for the fused-loss mode:
+
+    time  <= 1.0 x bare GEMMs,  <= 0.75 x reference,  <= 0.6 x Liger,  <= 0.5 x TRL
+    peak  <= 0.3 x reference,   <= 0.6 x Liger         (stretch: inputs + gradients + 15% above the runtime)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from ludic_fast.benchmark.impls import FLOOR, IMPLS
+from ludic_fast.benchmark.runner import CaseResult
+from ludic_fast.benchmark.workloads import Shape
+
+TIME_GOALS = {FLOOR: 1.0, "reference": 0.75, "liger": 0.6, "trl": 0.5}
+MEMORY_GOALS = {"reference": 0.3, "liger": 0.6}
+GOAL_MODE = "ours-fused"
+STRETCH_FACTOR = 1.15
+_GIB = 2**30
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if (a is None or b is None or b == 0) else a / b
+
+
+def groups(results: Iterable[CaseResult]) -> dict[tuple[Shape, str], dict[str, CaseResult]]:
+    """Results keyed by (shape, workload), then implementation name, in run order."""
+    out: dict[tuple[Shape, str], dict[str, CaseResult]] = {}
+    for r in results:
+        out.setdefault((r.shape, r.workload), {})[r.impl] = r
+    return out
+
+
+def _ok(group: dict[str, CaseResult], name: str) -> CaseResult | None:
+    r = group.get(name)
+    return r if (r is not None and r.status == "ok") else None
+
+
+def io_bytes(shape: Shape) -> int:
+    """Bytes of the inputs (hidden [N, D], weight [V, D]) plus their gradients, in the shape's dtype."""
+    elem = 2 if shape.dtype in ("bfloat16", "float16") else 4
+    return 2 * elem * (shape.n_tokens * shape.d + shape.v * shape.d)
+
+
+def above_runtime(r: CaseResult) -> float | None:
+    """Peak bytes above the bare runtime: peak - (RSS when the inputs were ready) + input bytes."""
+    if r.peak_bytes is None or r.base_bytes is None:
+        return None
+    return r.peak_bytes - r.base_bytes + io_bytes(r.shape) / 2
+
+
+def results_table(group: dict[str, CaseResult]) -> str:
+    """One markdown table: every implementation of one (shape, workload)."""
+    ref, floor = _ok(group, "reference"), _ok(group, FLOOR)
+    header = (
+        "| implementation | median s | min s | peak GiB | above runtime GiB | time × ref | time × GEMMs "
+        "| peak × ref | err logprob | err entropy | err loss | err dh (rel) | err dW (rel) |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    not_run = [f"{name} ({r.status}: {r.reason})" for name, r in group.items() if r.status != "ok"]
+    for name, r in group.items():
+        if r.status != "ok":
+            continue
+        e = r.errors
+        cells = [
+            name,
+            _fmt(r.median_s),
+            _fmt(r.min_s),
+            _fmt(r.peak_bytes / _GIB, ".2f"),
+            _fmt(None if above_runtime(r) is None else above_runtime(r) / _GIB, ".2f"),
+            _fmt(_ratio(r.median_s, ref and ref.median_s), ".2f"),
+            _fmt(_ratio(r.median_s, floor and floor.median_s), ".2f"),
+            _fmt(_ratio(r.peak_bytes, ref and ref.peak_bytes), ".2f"),
+            _fmt(e.get("logprobs"), ".1e"),
+            _fmt(e.get("entropy"), ".1e"),
+            _fmt(e.get("loss"), ".1e"),
+            _fmt(e.get("grad_hidden_rel"), ".1e"),
+            _fmt(e.get("grad_weight_rel"), ".1e"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    if not_run:
+        lines += ["", "Not run: " + "; ".join(not_run) + "."]
+    return "\n".join(lines)
+
+
+def _verdict(value: float | None, goal: float | None) -> str:
+    if goal is None or value is None:
+        return ""
+    return "met" if value <= goal else f"missed by {value / goal:.2f}×"
+
+
+def _goal_cell(value: float | None, goal: float | None) -> str:
+    return "" if goal is None or value is None else f"≤ {goal:g}: {_verdict(value, goal)}"
+
+
+def ours_table(group: dict[str, CaseResult]) -> str:
+    """Every ratio of each of our modes against every other implementation that ran."""
+    header = "| ours | vs | time ratio | time goal | peak ratio | peak goal |"
+    lines = [header, "|---|---|---|---|---|---|"]
+    others = [n for n, r in group.items() if r.status == "ok" and r.role != "ours" and n != "gemm-fwd"]
+    for name, r in group.items():
+        if r.role != "ours" or r.status != "ok":
+            continue
+        goals = name == GOAL_MODE
+        for other in others:
+            o = group[other]
+            t, m = _ratio(r.median_s, o.median_s), _ratio(r.peak_bytes, o.peak_bytes)
+            tg = TIME_GOALS.get(other) if goals else None
+            mg = MEMORY_GOALS.get(other) if goals else None
+            lines.append(f"| {name} | {other} | {_fmt(t, '.2f')} | {_goal_cell(t, tg)} | {_fmt(m, '.2f')} "
+                         f"| {_goal_cell(m, mg)} |")
+        if goals:
+            above = above_runtime(r)
+            bound = STRETCH_FACTOR * io_bytes(r.shape)
+            above_gib = _fmt(None if above is None else above / _GIB, ".2f")
+            lines.append(f"| {name} | stretch: inputs + grads + 15% = {bound / _GIB:.2f} GiB | | "
+                         f"| {above_gib} GiB above runtime | {_verdict(above, bound)} |")
+    return "\n".join(lines)
+
+
+def markdown_report(results: list[CaseResult], meta: dict[str, str]) -> str:
+    """The whole report: run metadata, then per shape and workload the results and ratio tables."""
+    lines = ["# ludic_fast benchmark", ""]
+    lines += [f"- {k}: {v}" for k, v in meta.items()]
+    lines += [
+        "",
+        "Times are forward+backward of one step (median and min of the timed runs after warm-up), each",
+        "implementation in its own process. Peak = process peak RSS (CPU) / max_memory_allocated (CUDA) from",
+        "the moment the inputs were built; *above runtime* = peak minus the process's RSS before the inputs.",
+        "Errors are max |x − float64 reference| on a sub-sample (gradients relative to max |reference|).",
+        "GEMMs = the three bare GEMMs (z = hWᵀ, dh = zW, dW = zᵀh: 6NDV), the physical floor.",
+    ]
+    for (shape, workload), group in groups(results).items():
+        lines += ["", f"## {workload} — {shape.label()}", "", results_table(group), "", ours_table(group)]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def plot_scaling(results: list[CaseResult], workload: str, axis: str, path: str | Path) -> bool:
+    """PNG of median time and peak memory against N (`axis='n'`) or V (`axis='v'`) for one workload, one
+    line per implementation (other shape fields fixed at their most common value). False when matplotlib
+    is missing or fewer than two points vary along the axis."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in results if r.workload == workload and r.status == "ok"]
+    key = (lambda s: s.n_tokens) if axis == "n" else (lambda s: s.v)
+    fixed = _most_common([(s.d, s.v if axis == "n" else s.n_tokens, s.dtype) for s in (r.shape for r in rows)])
+    rows = [r for r in rows if (r.shape.d, r.shape.v if axis == "n" else r.shape.n_tokens, r.shape.dtype) == fixed]
+    if len({key(r.shape) for r in rows}) < 2:
+        return False
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name in IMPLS:
+        pts = sorted((key(r.shape), r.median_s, r.peak_bytes / _GIB) for r in rows if r.impl == name)
+        if not pts:
+            continue
+        xs = [p[0] for p in pts]
+        style = "--" if IMPLS[name].role == "floor" else "-"
+        ax_t.plot(xs, [p[1] for p in pts], style, marker="o", label=name)
+        ax_m.plot(xs, [p[2] for p in pts], style, marker="o", label=name)
+    label = "N (tokens)" if axis == "n" else "V (vocabulary)"
+    other = f"D={fixed[0]} {'V' if axis == 'n' else 'N'}={fixed[1]} {fixed[2]}"
+    ax_t.set(xlabel=label, ylabel="fwd+bwd time, s (median)", title=f"{workload}: time ({other})")
+    ax_m.set(xlabel=label, ylabel="peak memory, GiB", title=f"{workload}: peak memory ({other})")
+    for ax in (ax_t, ax_m):
+        ax.grid(alpha=0.3)
+    ax_m.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _most_common(items: list[tuple]) -> tuple | None:
+    return max(set(items), key=items.count) if items else None

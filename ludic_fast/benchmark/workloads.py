@@ -1,0 +1,226 @@
+"""Benchmark workloads: shapes, deterministic inputs, and the float64 reference of each workload.
+
+A workload is one of the head op (per-token logprob + entropy with fixed random upstream gradients,
+objective `sum_t g_lp[t] logprob_t + g_H[t] H_t`) or an RL policy loss in Ludic's batch layout (position t
+of `hidden` scores token t+1). Every implementation of a workload computes the same numbers: the batch is
+built so that the peers' normalisers (Liger's and TRL's token mean over the batch) equal Ludic's
+(every sequence has the same number of action tokens).
+
+Inputs are a pure function of (shape, seed): hidden ~ N(0, 1), weight ~ N(0, s^2 / D) so logits are
+~N(0, s^2) with s = `LOGIT_STD`; behaviour logprobs `actor_logps` are the target logit minus the Gaussian
+log-partition `log V + s^2 / 2`, plus N(0, 0.02^2) noise, so importance ratios sit near 1 (a few clip).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+LOGIT_STD = 2.0
+ACTOR_NOISE = 0.02
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """N tokens of hidden size D against a vocabulary of V, cut into sequences of about `seq_len` tokens.
+
+    Loss workloads use B = max(1, round(N / seq_len)) sequences of T = N // B tokens, so `n_tokens`
+    (= B * T) can be a little below the requested N when N is not a multiple of B."""
+
+    n: int
+    d: int
+    v: int
+    dtype: str = "float32"
+    seq_len: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("n", "d", "v", "seq_len"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"Shape.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"Shape.dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.batch_size * self.seq_tokens < 2 or self.seq_tokens < 2:
+            raise ValueError(f"Shape needs sequences of >= 2 tokens, got n={self.n}, seq_len={self.seq_len}")
+
+    @property
+    def batch_size(self) -> int:
+        return max(1, round(self.n / self.seq_len))
+
+    @property
+    def seq_tokens(self) -> int:
+        return self.n // self.batch_size
+
+    @property
+    def n_tokens(self) -> int:
+        return self.batch_size * self.seq_tokens
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def label(self) -> str:
+        return f"N={self.n_tokens} D={self.d} V={self.v} {self.dtype}"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmarked computation. `reference_loss` names the loss class of `ludic_fast.reference` (None
+    for the head op) and `loss_kwargs` its constructor arguments (shared with ours); `ours_loss` the class
+    of `ludic_fast.losses`; `grpo_args` the arguments of TRL 1.16's GRPOConfig / Liger's
+    `LigerFusedLinearGRPOLoss` (they share the names) that give the same loss (None: neither has it)."""
+
+    name: str
+    description: str
+    reference_loss: str | None = None
+    loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    ours_loss: str | None = None
+    grpo_args: dict[str, Any] | None = None
+
+    @property
+    def is_loss(self) -> bool:
+        return self.name != "head"
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("head", "head op: per-token logprob + entropy, fwd+bwd of sum(g_lp*lp + g_H*H)"),
+        Workload(
+            "cispo",
+            "CISPO (Ludic CISPOLoss defaults: eps_high=0.2, length-normalised)",
+            reference_loss="CISPOLoss",
+            loss_kwargs={"clip_eps_high": 0.2},
+            ours_loss="CISPOLoss",
+            grpo_args={"loss_type": "cispo", "epsilon_high": 1.2},
+        ),
+        Workload(
+            "grpo",
+            "token-clipped GRPO (TokenClippedSurrogateLoss eps 0.2/0.27, length-normalised)",
+            reference_loss="TokenClippedSurrogateLoss",
+            loss_kwargs={"clip_eps_low": 0.2, "clip_eps_high": 0.27, "length_normalize": True},
+            ours_loss="TokenClippedSurrogateLoss",
+            grpo_args={"loss_type": "grpo", "epsilon_low": 0.2, "epsilon_high": 0.27},
+        ),
+        Workload(
+            "gspo",
+            "GSPO (ClippedSurrogateLoss, geometric-mean sequence ratio, eps 3e-4/4e-4)",
+            reference_loss="ClippedSurrogateLoss",
+            loss_kwargs={"clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "length_normalize": True},
+            ours_loss="ClippedSurrogateLoss",
+            grpo_args={
+                "loss_type": "grpo",
+                "epsilon_low": 3e-4,
+                "epsilon_high": 4e-4,
+                "importance_sampling_level": "sequence",
+            },
+        ),
+        Workload(
+            "zvp_cispo",
+            "ZVP-CISPO (alpha 0.1; entropy-shaped advantages on zero-variance groups)",
+            reference_loss="ZVPCISPOLoss",
+            ours_loss="ZVPCISPOLoss",
+            loss_kwargs={"alpha_zvp": 0.1},
+        ),
+    )
+}
+
+
+def get_workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise ValueError(f"workload must be one of {sorted(WORKLOADS)}, got {name!r}")
+    return WORKLOADS[name]
+
+
+@dataclass
+class Inputs:
+    """Leaves and batch of one workload run. `hidden` is [N, D] (head) or [B, T, D] (losses)."""
+
+    hidden: Tensor
+    weight: Tensor
+    targets: Tensor  # head: [N] target ids; losses: input_ids [B, T]
+    g_lp: Tensor | None = None  # head only: upstream gradients of logprob / entropy, [N] float32
+    g_h: Tensor | None = None
+    batch: dict[str, Tensor] = field(default_factory=dict)
+
+    def leaves(self) -> tuple[Tensor, Tensor]:
+        return self.hidden, self.weight
+
+    def fresh(self) -> Inputs:
+        """A copy whose hidden/weight are new leaves requiring grad (so runs never share .grad)."""
+        return Inputs(
+            self.hidden.detach().clone().requires_grad_(),
+            self.weight.detach().clone().requires_grad_(),
+            self.targets,
+            self.g_lp,
+            self.g_h,
+            dict(self.batch),
+        )
+
+    def head_rows(self, k: int) -> Inputs:
+        """The first k tokens of a head-op input (the error check's sub-sample)."""
+        return Inputs(self.hidden[:k], self.weight, self.targets[:k], self.g_lp[:k], self.g_h[:k])
+
+    def sequences(self, k: int) -> Inputs:
+        """The first k sequences of a loss input (the error check's sub-sample)."""
+        return Inputs(
+            self.hidden[:k], self.weight, self.targets[:k], batch={key: t[:k] for key, t in self.batch.items()}
+        )
+
+
+def make_inputs(workload: str, shape: Shape, seed: int = 0, device: str | torch.device = "cpu") -> Inputs:
+    """Deterministic inputs for `workload` at `shape` (generated on CPU in float32, then cast and moved)."""
+    g = torch.Generator().manual_seed(seed)
+    N, D, V, B, T = shape.n_tokens, shape.d, shape.v, shape.batch_size, shape.seq_tokens
+    dt = shape.torch_dtype
+    hidden = torch.randn(N, D, generator=g)
+    weight = torch.randn(V, D, generator=g).mul_(LOGIT_STD / math.sqrt(D))
+    ids = torch.randint(0, V, (N,), generator=g)
+    if not get_workload(workload).is_loss:
+        g_lp = torch.randn(N, generator=g)
+        g_h = torch.randn(N, generator=g)
+        return Inputs(
+            hidden.to(device=device, dtype=dt),
+            weight.to(device=device, dtype=dt),
+            ids.to(device),
+            g_lp.to(device),
+            g_h.to(device),
+        )
+    input_ids = ids.reshape(B, T)
+    h3 = hidden.reshape(B, T, D)
+    batch = _ludic_batch(h3, weight, input_ids, g)
+    return Inputs(
+        h3.to(device=device, dtype=dt),
+        weight.to(device=device, dtype=dt),
+        input_ids.to(device),
+        batch={k: v.to(device) for k, v in batch.items()},
+    )
+
+
+def _ludic_batch(hidden: Tensor, weight: Tensor, input_ids: Tensor, g: torch.Generator) -> dict[str, Tensor]:
+    """Ludic batch: the first quarter of each sequence is prompt (action_mask 0), the rest actions."""
+    B, T = input_ids.shape
+    V = weight.shape[0]
+    prompt = max(1, T // 4)
+    action_mask = torch.zeros(B, T, dtype=torch.long)
+    action_mask[:, prompt:] = 1
+    target_logit = torch.einsum("btd,btd->bt", hidden[:, :-1], weight[input_ids[:, 1:]])
+    approx_lse = math.log(V) + LOGIT_STD**2 / 2
+    actor = torch.zeros(B, T)
+    actor[:, 1:] = target_logit - approx_lse + ACTOR_NOISE * torch.randn(B, T - 1, generator=g)
+    actor = actor * action_mask
+    directions = torch.tensor([1, -1, 0], dtype=torch.long).repeat(B // 3 + 1)[:B]
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones(B, T, dtype=torch.long),
+        "action_mask": action_mask,
+        "weight": torch.randn(B, generator=g),
+        "actor_logps": actor,
+        "old_logp_action": actor[:, 1:].sum(-1),
+        "zvp_direction": directions,
+        "group_id": torch.arange(B) // 2,
+    }
