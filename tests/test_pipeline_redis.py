@@ -3,6 +3,7 @@ publishing, and an actor process + learner process run across a Redis restart (S
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing
 import shutil
@@ -33,6 +34,8 @@ from ludic_fast.distributed.publish import RedisWeightPublisher, RedisWeightSubs
 from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWItem  # noqa: E402
 
 REDIS_SERVER = shutil.which("redis-server")
+# a regression in delivery shows up as a learner waiting forever for items: fail instead of hanging
+pytestmark = pytest.mark.timeout(180)
 needs_server = pytest.mark.skipif(REDIS_SERVER is None, reason="needs redis-server (apt-get install redis-server)")
 
 
@@ -154,7 +157,32 @@ def test_learner_restart_redelivers_the_unacknowledged_batch(server):
     assert [i.meta["item_id"] for i in src.next_batch_sync().items] == ids[:2]
     src.close()  # crashed before training on it: nothing acknowledged
     again = PipelineBatchSource(server.url, keys=keys, batch_size=3, block_ms=50)
-    assert [i.meta["item_id"] for i in again.next_batch_sync().items] == ids[:3]
+    batch = asyncio.run(again.next_batch())  # Ludic's async BatchSource API
+    assert [i.meta["item_id"] for i in batch.items] == ids[:3]
+
+
+@needs_server
+def test_entries_delivered_by_a_read_whose_reply_was_lost_are_not_lost(server):
+    keys = PipelineKeys("t4")
+    prod = PipelineProducer(server.url, keys=keys, actor_id="A")
+    ids = [prod.push(_item(i), 0) for i in range(4)]
+    src = PipelineBatchSource(server.url, keys=keys, batch_size=4, block_ms=50)
+    src._pending_cursor = None  # past start-up: reading new entries
+    real = src.conn.client.xreadgroup
+    calls = []
+
+    def lossy(*args, **kwargs):  # the first read reaches Redis (entries now pending to us), its reply is lost
+        reply = real(*args, **kwargs)
+        calls.append(reply)
+        if len(calls) == 1:
+            raise redis.exceptions.ConnectionError("reply lost")
+        return reply
+
+    src.conn.client.xreadgroup = lossy
+    batch = src.next_batch_sync()
+    assert len(calls[0][0][1]) == 4  # all four were delivered by the lost read
+    assert [i.meta["item_id"] for i in batch.items] == ids
+    assert src.counters["duplicates"] == 0 and src.conn.reconnects == 1
 
 
 @needs_server
