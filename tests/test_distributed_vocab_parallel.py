@@ -9,6 +9,7 @@ import torch.distributed as dist
 from ludic_fast import losses, reference
 from ludic_fast.distributed import vocab_parallel_linear_logprobs, vocab_parallel_loss, vocab_partition
 from ludic_fast.distributed.local import run_local_group
+from ludic_fast.ops import linear_logprobs
 
 V, D = 37, 8  # odd vocabulary: the two shards get 19 and 18 rows
 
@@ -70,6 +71,23 @@ def _check_head(rank: int, world: int) -> None:
         )
 
 
+def _check_bf16(rank: int, world: int) -> None:
+    """bf16 inputs: the sharded head equals the single-process torch backend on the same bf16 tensors."""
+    hidden, weight, _, targets, _ = _inputs(torch.bfloat16)
+    start, stop = vocab_partition(V, world, rank)
+    h_ref, w_ref = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref = linear_logprobs(h_ref, w_ref, targets, backend="torch")
+    (ref.logprobs.sum() + ref.entropy.sum()).backward()
+    h, w = hidden.clone().requires_grad_(), weight[start:stop].clone().requires_grad_()
+    out = vocab_parallel_linear_logprobs(h, w, targets, process_group=None, vocab_start=start, vocab_size=V)
+    (out.logprobs.sum() + out.entropy.sum()).backward()
+    _close(out.logprobs, ref.logprobs, "bf16 logprobs")
+    _close(out.entropy, ref.entropy, "bf16 entropy")
+    assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(h.grad, h_ref.grad, rtol=1e-2, atol=1e-2)  # dh partials rounded to bf16 once
+    torch.testing.assert_close(w.grad, w_ref.grad[start:stop], rtol=1e-2, atol=1e-2)
+
+
 def _rl_batch():
     g = torch.Generator().manual_seed(2)
     B, T = 3, 6
@@ -114,6 +132,7 @@ def _check_losses(rank: int, world: int) -> None:
 def _worker(rank: int, world: int) -> None:
     torch.set_num_threads(1)
     _check_head(rank, world)
+    _check_bf16(rank, world)
     _check_losses(rank, world)
 
 
