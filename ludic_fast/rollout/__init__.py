@@ -1,0 +1,28 @@
+"""Rollouts: engines (transformers `generate`; vLLM, imported lazily), tasks and rewards, batch sources
+(RolloutBatchSource with GRPO groups and DAPO dynamic sampling, OfflineBatchSource) and the eval loop."""
+
+from ludic_fast.rollout.engine import Completion, HFGenerateEngine, SamplingConfig
+from ludic_fast.rollout.offline import OfflineBatchSource, chat_item
+from ludic_fast.rollout.rewards import exact_match, format_reward, get_reward, numeric_match
+from ludic_fast.rollout.sources import Evaluator, RolloutBatchSource
+from ludic_fast.rollout.tasks import PromptAnswerTask, embedded_default_task
+from ludic_fast.rollout.vllm_engine import VLLMEngine, map_weights_for_vllm, vllm_weight_name
+
+__all__ = [
+    "Completion",
+    "HFGenerateEngine",
+    "SamplingConfig",
+    "VLLMEngine",
+    "vllm_weight_name",
+    "map_weights_for_vllm",
+    "OfflineBatchSource",
+    "chat_item",
+    "RolloutBatchSource",
+    "Evaluator",
+    "PromptAnswerTask",
+    "embedded_default_task",
+    "exact_match",
+    "numeric_match",
+    "format_reward",
+    "get_reward",
+]

@@ -1,0 +1,86 @@
+"""Prompt/answer tasks: a list of `{"id", "prompt", "answer"}` samples plus a reward function.
+
+`PromptAnswerTask.from_jsonl(path, reward="exact")` reads one JSON object per line (keys configurable);
+`embedded_default_task()` is the built-in addition task of `ludic_fast.embedded`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ludic_fast.embedded import AdditionTask
+from ludic_fast.rollout.rewards import RewardFn, get_reward
+
+
+@dataclass
+class PromptAnswerTask:
+    """Samples `{"id", "prompt", "answer"}` (train and eval) scored by `reward_fn(completion_text, answer)`."""
+
+    samples: list[dict[str, Any]]
+    reward_fn: RewardFn
+    name: str = "task"
+    eval_samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for split, rows in (("samples", self.samples), ("eval_samples", self.eval_samples)):
+            for i, s in enumerate(rows):
+                if not isinstance(s, dict) or "prompt" not in s or "answer" not in s:
+                    raise ValueError(f"{split}[{i}] must be a dict with 'prompt' and 'answer'")
+                s.setdefault("id", f"{split}-{i}")
+        if not self.samples:
+            raise ValueError("samples must not be empty")
+
+    def reward(self, completion: str, sample: dict[str, Any]) -> float:
+        return float(self.reward_fn(completion, sample["answer"]))
+
+    @classmethod
+    def from_jsonl(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        reward: str | RewardFn = "exact",
+        prompt_key: str = "prompt",
+        answer_key: str = "answer",
+        eval_path: str | os.PathLike[str] | None = None,
+    ) -> PromptAnswerTask:
+        """Rows `{prompt_key: str, answer_key: str|number, "id"?: str}` from JSONL file(s)."""
+
+        def read(p: str | os.PathLike[str]) -> list[dict[str, Any]]:
+            rows = []
+            for n, line in enumerate(Path(p).read_text(encoding="utf-8").splitlines()):
+                if not line.strip():
+                    continue
+                obj = json.loads(line)
+                if prompt_key not in obj or answer_key not in obj:
+                    raise ValueError(f"{p}:{n + 1}: missing {prompt_key!r} or {answer_key!r}")
+                rows.append(
+                    {
+                        "id": str(obj.get("id", f"{Path(p).stem}-{n}")),
+                        "prompt": str(obj[prompt_key]),
+                        "answer": str(obj[answer_key]),
+                    }
+                )
+            return rows
+
+        fn = get_reward(reward) if isinstance(reward, str) else reward
+        return cls(read(path), fn, name=Path(path).stem, eval_samples=read(eval_path) if eval_path else [])
+
+
+def embedded_default_task(*, max_operand: int = 9, seed: int = 0) -> PromptAnswerTask:
+    """The built-in addition task (exact-match reward): all train problems, and the held-out eval split."""
+    task = AdditionTask(max_operand=max_operand, seed=seed)
+    n = (max_operand + 1) ** 2
+    n_eval = n // 5
+    return PromptAnswerTask(
+        task.samples("train", n - n_eval),
+        get_reward("exact"),
+        name="addition",
+        eval_samples=task.samples("eval", n_eval),
+    )
+
+
+__all__ = ["PromptAnswerTask", "embedded_default_task"]

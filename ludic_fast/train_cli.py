@@ -1,0 +1,341 @@
+"""`ludic-fast train` and `ludic-fast demo`: a short SFT warm-up, then RL with a preset, then a summary.
+
+Defaults are the embedded default (`demo` is `train` with them): the tiny Llama of `ludic_fast.embedded`
+(random init from a config, no download), its character tokenizer and the built-in addition task, on
+CPU; SFT (masked CE) on the task's train answers, then RL with the CISPO preset on groups sampled by
+transformers `generate`. Outputs under `--output-dir`: metrics.jsonl (every logged step, with `phase`),
+curves.png (reward and loss), summary.json (the RL reward curve's first/last-10 means), checkpoints
+under sft/ and rl/ when `--checkpoint-every` > 0. `--resume` continues the RL phase from rl/'s latest
+checkpoint (the SFT phase is skipped when one exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ludic_fast import algorithm as presets
+from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
+from ludic_fast.loggers import JSONLLogger, PrintLogger, RichLiveLogger, TeeLogger, WandbLogger, plot_curves, read_jsonl
+from ludic_fast.rollout import (
+    Evaluator,
+    HFGenerateEngine,
+    OfflineBatchSource,
+    PromptAnswerTask,
+    RolloutBatchSource,
+    SamplingConfig,
+    embedded_default_task,
+)
+from ludic_fast.stats import default_reducers
+from ludic_fast.trainer import Trainer, TrainerConfig
+
+#: presets by name; the group-based ones receive --group-size.
+PRESETS = {
+    "reinforce": (presets.make_reinforce, False),
+    "reinforce_baseline": (presets.make_reinforce_baseline, False),
+    "grpo": (presets.make_grpo, True),
+    "dr_grpo": (presets.make_dr_grpo, True),
+    "dapo": (presets.make_dapo, True),
+    "gspo": (presets.make_gspo, True),
+    "cispo": (presets.make_cispo, True),
+    "scalerl": (presets.make_scalerl, True),
+    "rl_zvp": (presets.make_rl_zvp, True),
+}
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("model and task")
+    g.add_argument("--model", default="embedded", help="'embedded' (tiny Llama from a config) or a HF name/path")
+    g.add_argument("--tokenizer", default=None, help="HF tokenizer name/path (default: the model's, or embedded)")
+    g.add_argument("--task", default="embedded", help="'embedded' (addition) or a JSONL file of prompt/answer rows")
+    g.add_argument("--eval-task", default=None, help="JSONL of eval rows (default: the task's eval split)")
+    g.add_argument("--reward", default="exact", help="exact | numeric | format:<regex>")
+    g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = leave torch's default)")
+    g = p.add_argument_group("SFT warm-up")
+    g.add_argument("--sft-steps", type=int, default=30)
+    g.add_argument("--sft-batch-size", type=int, default=64)
+    g.add_argument("--sft-lr", type=float, default=3e-3)
+    g.add_argument("--sft-data", default=None, help="chat JSONL ({'messages': [...]}); default: the task's answers")
+    g = p.add_argument_group("RL")
+    g.add_argument("--preset", default="cispo", choices=sorted(PRESETS))
+    g.add_argument("--rl-steps", type=int, default=100)
+    g.add_argument("--prompts-per-batch", type=int, default=32)
+    g.add_argument("--group-size", type=int, default=8)
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--max-new-tokens", type=int, default=6)
+    g.add_argument(
+        "--dynamic-sampling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="DAPO dynamic sampling (default: on for dapo)",
+    )
+    g.add_argument("--max-rounds", type=int, default=4)
+    g.add_argument("--tie-jitter", type=float, default=0.0)
+    g.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    g = p.add_argument_group("trainer")
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--lr-scheduler", default="constant", choices=["constant", "linear", "cosine"])
+    g.add_argument("--warmup-steps", type=int, default=0)
+    g.add_argument("--max-grad-norm", type=float, default=1.0)
+    g.add_argument("--max-seq-len", type=int, default=64)
+    g.add_argument("--micro-token-budget", type=int, default=4096)
+    g.add_argument("--gradient-checkpointing", action="store_true")
+    g.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0 = full fine-tuning)")
+    g.add_argument("--max-lag", type=int, default=None)
+    g.add_argument("--eval-every", type=int, default=25)
+    g.add_argument("--output-dir", default="runs/demo")
+    g.add_argument("--checkpoint-every", type=int, default=0)
+    g.add_argument("--max-to-keep", type=int, default=2)
+    g.add_argument("--resume", action="store_true", help="continue the RL phase from output-dir/rl's latest checkpoint")
+    g.add_argument("--logger", default="auto", choices=["auto", "rich", "print", "none"])
+    g.add_argument("--wandb", action="store_true")
+    g.add_argument("--no-plot", action="store_true")
+    return p
+
+
+# ------------------------------------------------------------------------------------------- building
+def build_model_and_tokenizer(args: argparse.Namespace) -> tuple[torch.nn.Module, Any]:
+    if args.model == "embedded":
+        from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
+
+        tok = build_char_tokenizer()
+        model = build_tiny_model(
+            len(tok),
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            bos_token_id=tok.bos_token_id,
+            seed=args.seed,
+        )
+        return model, tok
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32)
+    return model, tok
+
+
+def build_task(args: argparse.Namespace) -> PromptAnswerTask:
+    if args.task == "embedded":
+        return embedded_default_task(seed=args.seed)
+    return PromptAnswerTask.from_jsonl(args.task, reward=args.reward, eval_path=args.eval_task)
+
+
+def build_engine(args: argparse.Namespace, model: torch.nn.Module, tok: Any) -> Any:
+    if args.engine == "vllm":
+        from ludic_fast.rollout.vllm_engine import VLLMEngine
+
+        if args.model == "embedded":
+            raise ValueError("--engine vllm needs a HF model name/path (--model)")
+        return VLLMEngine(args.model, eos_token_id=tok.eos_token_id, seed=args.seed)
+    return HFGenerateEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+
+
+def build_console_logger(kind: str) -> Any:
+    if kind == "none":
+        return None
+    if kind == "rich" or (kind == "auto" and sys.stdout.isatty()):
+        return RichLiveLogger(
+            keys=[
+                "train/loss",
+                "train/avg_total_reward",
+                "train/grad_norm",
+                "train/skipped_steps",
+                "train/lr",
+                "train/ratio_mean",
+                "train/clip_frac",
+                "train/avg_completion_length",
+            ]
+        )
+    return PrintLogger(
+        keys=[
+            "train/loss",
+            "train/avg_total_reward",
+            "train/grad_norm",
+            "train/skipped_steps",
+            "eval/reward",
+            "perf/step_time_s",
+        ],
+        max_items_per_line=8,
+    )
+
+
+def _lora_config(args: argparse.Namespace) -> Any:
+    if args.lora_r <= 0:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules="all-linear", lora_dropout=0.0)
+
+
+def _trainer_config(args: argparse.Namespace, tok: Any, *, lr: float, steps: int, sync: int) -> TrainerConfig:
+    return TrainerConfig(
+        model_device=args.device,
+        lr=lr,
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm,
+        max_seq_len=args.max_seq_len,
+        micro_token_budget=args.micro_token_budget,
+        sync_every_steps=sync,
+        pad_token_id=tok,
+        lr_scheduler=args.lr_scheduler,
+        warmup_steps=args.warmup_steps,
+        total_steps=max(steps, 1),
+        gradient_checkpointing=args.gradient_checkpointing,
+        temperature=args.temperature if args.temperature > 0 else 1.0,
+        max_lag=args.max_lag,
+    )
+
+
+def _checkpoint_config(args: argparse.Namespace, phase: str) -> CheckpointConfig | None:
+    if args.checkpoint_every <= 0 and not args.resume:
+        return None
+    return CheckpointConfig(
+        str(Path(args.output_dir) / phase), every_n_steps=args.checkpoint_every, max_to_keep=args.max_to_keep
+    )
+
+
+def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: PromptAnswerTask, logger: Any) -> Any:
+    if args.sft_data:
+        source = OfflineBatchSource.from_chat_jsonl(args.sft_data, tok, batch_size=args.sft_batch_size, seed=args.seed)
+    else:
+        records = [
+            {"messages": [{"role": "user", "content": s["prompt"]}, {"role": "assistant", "content": s["answer"]}]}
+            for s in task.samples
+        ]
+        source = OfflineBatchSource.from_chat(records, tok, batch_size=args.sft_batch_size, seed=args.seed)
+    trainer = Trainer(
+        model=model,
+        algo=presets.make_sft(length_normalize=True),
+        batch_source=source,
+        cfg=_trainer_config(args, tok, lr=args.sft_lr, steps=args.sft_steps, sync=0),
+        checkpoint_config=_checkpoint_config(args, "sft"),
+        train_logger=logger,
+        lora_config=_lora_config(args),
+    )
+    trainer.train_sync(args.sft_steps)
+    return trainer.model
+
+
+def make_algorithm(args: argparse.Namespace) -> Any:
+    factory, grouped = PRESETS[args.preset]
+    return factory(group_size=args.group_size) if grouped else factory()
+
+
+def run_rl(
+    args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: PromptAnswerTask, logger: Any, resume: bool
+) -> Trainer:
+    algo = make_algorithm(args)
+    engine = build_engine(args, model, tok)
+    sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    dynamic = args.dynamic_sampling if args.dynamic_sampling is not None else args.preset == "dapo"
+    source = RolloutBatchSource(
+        engine=engine,
+        task=task,
+        tokenizer=tok,
+        credit_assigner=algo.credit_assigner,
+        prompts_per_batch=args.prompts_per_batch,
+        group_size=args.group_size,
+        sampling=sampling,
+        seed=args.seed,
+        dynamic_sampling=dynamic,
+        max_rounds=args.max_rounds,
+        tie_jitter=args.tie_jitter,
+        curriculum=algo.curriculum,
+    )
+    evaluator = None
+    if args.eval_every > 0:
+        evaluator = Evaluator(
+            engine=engine,
+            task=task,
+            tokenizer=tok,
+            sampling=SamplingConfig(temperature=0.0, max_new_tokens=args.max_new_tokens),
+        )
+    cfg = _trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)
+    cfg.eval_every_n_steps = args.eval_every if evaluator is not None else None
+    cfg.eval_at_start = evaluator is not None and not resume
+    trainer = Trainer(
+        model=model,
+        algo=algo,
+        batch_source=source,
+        cfg=cfg,
+        publisher=engine,
+        evaluator=evaluator,
+        checkpoint_config=_checkpoint_config(args, "rl"),
+        resume_from="latest" if resume else None,
+        train_logger=logger,
+        reducers=default_reducers(),
+        lora_config=_lora_config(args) if args.sft_steps == 0 and not resume else None,
+    )
+    trainer.train_sync(max(0, args.rl_steps - trainer.step_idx))
+    return trainer
+
+
+def summarize(records: list[dict[str, Any]], key: str = "train/avg_total_reward", n: int = 10) -> dict[str, Any]:
+    """RL reward curve: the values, the means of the first and last n steps and their difference."""
+    curve = [r[key] for r in records if r.get("phase") == "rl" and isinstance(r.get(key), (int, float))]
+    first = sum(curve[:n]) / len(curve[:n]) if curve else float("nan")
+    last = sum(curve[-n:]) / len(curve[-n:]) if curve else float("nan")
+    return {"reward_curve": curve, f"first{n}_mean": first, f"last{n}_mean": last, "gain": last - first}
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: argv[0] is "train" or "demo" (from `ludic_fast.cli`), the rest are flags."""
+    command, rest = (argv[0], argv[1:]) if argv else ("train", [])
+    if command not in ("train", "demo"):
+        raise ValueError(f"argv[0] must be 'train' or 'demo', got {command!r}")
+    args = build_parser(f"ludic-fast {command}").parse_args(rest)
+    if command == "demo" and (args.model != "embedded" or args.task != "embedded"):
+        raise ValueError("demo runs the embedded default; use `ludic-fast train` for --model/--task")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = out / "metrics.jsonl"
+    rl_resume = args.resume and CheckpointManager(CheckpointConfig(str(out / "rl"))).resolve() is not None
+    if not args.resume and metrics.exists():
+        metrics.unlink()
+    console = build_console_logger(args.logger)
+    wandb = WandbLogger(config=vars(args)) if args.wandb else None
+    t0 = time.perf_counter()
+    model, tok = build_model_and_tokenizer(args)
+    task = build_task(args)
+    try:
+        if args.sft_steps > 0 and not rl_resume:
+            sft_logger = TeeLogger(JSONLLogger(metrics, extra={"phase": "sft"}), console, wandb)
+            model = run_sft(args, model, tok, task, sft_logger)
+        rl_logger = TeeLogger(JSONLLogger(metrics, extra={"phase": "rl"}), console, wandb)
+        trainer = run_rl(args, model, tok, task, rl_logger, rl_resume)
+    finally:
+        for lg in (console, wandb):
+            if lg is not None and hasattr(lg, "close"):
+                lg.close()
+    records = read_jsonl(metrics)
+    summary = summarize(records)
+    summary.update(
+        wall_time_s=time.perf_counter() - t0,
+        rl_steps=trainer.step_idx,
+        skipped_steps=trainer.skipped_steps,
+        metrics=str(metrics),
+    )
+    if not args.no_plot:
+        summary["png"] = str(plot_curves(records, out / "curves.png", title=f"ludic-fast {command}: {args.preset}"))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    print(
+        f"RL reward: first-10 mean {summary['first10_mean']:.3f}, last-10 mean {summary['last10_mean']:.3f} "
+        f"(gain {summary['gain']:+.3f}); {summary['wall_time_s']:.0f} s; curves: {summary.get('png', '-')}"
+    )
+    return 0
+
+
+__all__ = ["main", "build_parser", "summarize", "PRESETS"]
