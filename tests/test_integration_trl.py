@@ -58,7 +58,7 @@ def _batch(vocab: int) -> dict[str, torch.Tensor]:
     completion_ids = torch.randint(4, vocab, (B, C), generator=g)
     completion_mask = torch.ones(B, C, dtype=torch.long)
     completion_mask[0, 4:] = 0  # right padding
-    completion_mask[2, 2:] = 0
+    completion_mask[2, :] = 0  # a truncated completion under mask_truncated_completions: no loss tokens
     tool_mask = torch.ones(B, C, dtype=torch.long)
     tool_mask[3, 1:3] = 0
     return {
@@ -164,7 +164,7 @@ def test_fast_trainer_equals_stock_trl(pair, case):
     metrics_s, metrics_f = stock._metrics["train"], fast._metrics["train"]
     assert set(metrics_f) == set(metrics_s)
     for key, values in metrics_s.items():
-        assert metrics_f[key] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+        assert metrics_f[key] == pytest.approx(values, rel=1e-4, abs=1e-6, nan_ok=True), key
     if settings["use_adaptive_entropy"]:
         assert fast.entropy_coef == pytest.approx(stock.entropy_coef)
 

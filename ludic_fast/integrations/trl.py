@@ -44,6 +44,7 @@ from ludic_fast.ops.torch_head import HeadTransform
 
 try:
     from trl import GRPOTrainer
+    from trl.trainer.utils import nanmax, nanmin
 except ImportError as exc:  # pragma: no cover - exercised only without trl
     raise ImportError("ludic_fast.integrations.trl needs TRL: pip install 'trl>=1.16'") from exc
 
@@ -196,8 +197,8 @@ class FastGRPOTrainer(GRPOTrainer):
             metrics["clip_ratio/low_mean"].append(global_mean(low))
             metrics["clip_ratio/high_mean"].append(global_mean(high))
             metrics["clip_ratio/region_mean"].append(global_mean(torch.maximum(low, high)))
-            metrics["clip_ratio/low_min"].append(self.accelerator.gather(seq_mean(low)).min().item())
-            metrics["clip_ratio/high_max"].append(self.accelerator.gather(seq_mean(high)).max().item())
+            metrics["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(seq_mean(low))).item())
+            metrics["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(seq_mean(high))).item())
         elif self.loss_type == "cispo":
             metrics["cispo_clip_ratio"].append(global_mean(((coef_1 > self.epsilon_high) & (adv > 0)).float()))
         elif self.loss_type == "vespo":
