@@ -22,6 +22,7 @@ No path allocates [N, V]: transient memory is a few chunks of `chunk_plan(N, V, 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,13 +46,59 @@ class FusedPlan:
     chunk_elements: int | None = None
 
 
-def _row_stats(z: Tensor, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(lse, E_p z, z_y) of a chunk of whole vocabulary rows of final logits z."""
-    m = z.amax(1)
-    e = z.sub(m[:, None]).exp_()
-    s = e.sum(1)
-    ez = torch.linalg.vecdot(e, z) / s if with_entropy else torch.zeros_like(s)
-    return m + torch.log(s), ez, z.gather(1, targets[:, None]).squeeze(1)
+#: Elements of one row block of the in-place epilogue: small enough to stay in cache between its passes.
+EPILOGUE_ELEMENTS = int(os.environ.get("LUDIC_FAST_EPILOGUE_ELEMENTS", 2**20))
+
+
+class _RowEpilogue:
+    """In-place epilogue on a chunk z [n, V] of final logits with whole vocabulary rows.
+
+    Works in row blocks of ~EPILOGUE_ELEMENTS so that every pass after the first over a block hits cache.
+    `stats()`: lse, E_p z (0 unless keep_logits), z_y; unless `keep_logits` z is left holding
+    e = exp(z - max). `grad_()` (no softcap) overwrites z with
+    d(raw) = [g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z)] * row_scale, row_scale = logit_scale / T.
+    """
+
+    def __init__(self, z: Tensor, targets: Tensor, keep_logits: bool):
+        n, V = z.shape
+        step = max(1, EPILOGUE_ELEMENTS // V)
+        self.z, self.tgt = z, targets[:, None]
+        self.blocks = [slice(r, min(r + step, n)) for r in range(0, n, step)]
+        self.scratch = torch.empty(min(step, n), V, dtype=z.dtype, device=z.device) if keep_logits else None
+        self.s: Tensor | None = None  # row sums of e when z holds e
+
+    def stats(self) -> tuple[Tensor, Tensor, Tensor]:
+        z = self.z
+        zy = z.gather(1, self.tgt).squeeze(1)
+        m, s, ez = (torch.zeros(z.shape[0], dtype=z.dtype, device=z.device) for _ in range(3))
+        for b in self.blocks:
+            zb = z[b]
+            m[b] = mb = zb.amax(1)
+            if self.scratch is None:
+                s[b] = zb.sub_(mb[:, None]).exp_().sum(1)
+            else:
+                eb = torch.sub(zb, mb[:, None], out=self.scratch[: zb.shape[0]]).exp_()
+                s[b] = eb.sum(1)
+                ez[b] = torch.linalg.vecdot(eb, zb) / s[b]
+        if self.scratch is None:
+            self.s = s
+        return m + torch.log(s), ez, zy
+
+    def grad_(self, lse: Tensor, ez: Tensor, g_lp: Tensor, g_H: Tensor | None, row_scale: Tensor) -> Tensor:
+        z = self.z
+        for b in self.blocks:
+            zb = z[b]
+            if g_H is None:
+                coef = -g_lp[b] * row_scale[b]
+                if self.s is not None:  # z holds e = p * s
+                    zb.mul_((coef / self.s[b])[:, None])
+                else:
+                    zb.sub_(lse[b][:, None]).exp_().mul_(coef[:, None])
+            else:
+                pb = torch.sub(zb, lse[b][:, None], out=self.scratch[: zb.shape[0]]).exp_()
+                zb.sub_(ez[b][:, None]).mul_(-g_H[b][:, None]).sub_(g_lp[b][:, None]).mul_(pb)
+                zb.mul_(row_scale[b][:, None])
+        return z.scatter_add_(1, self.tgt, (g_lp * row_scale)[:, None])
 
 
 def _token_grads(objective: Objective, lp: Tensor, H: Tensor | None, rows: slice | None):
@@ -95,24 +142,38 @@ class FusedLossFunction(torch.autograd.Function):
             for rows in head.row_chunks():
                 set_stats(rows, head.stats(head.h_rows(rows), rows, plan.with_entropy))
             g_lp, g_H = _token_grads(plan.objective, lp, H, None)
+
+        def chunk_grads(rows: slice) -> tuple[Tensor, Tensor | None]:
+            if plan.coupled:
+                return g_lp[rows], None if g_H is None else g_H[rows]
+            return _token_grads(plan.objective, lp[rows], None if H is None else H[rows], rows)
+
+        softcap = plan.transform.softcap is not None
         for rows in head.row_chunks():
             h_c = head.h_rows(rows)
-            z = head.logits(h_c, rows, slice(0, V)) if whole_rows else None
+            if whole_rows:  # one GEMM per chunk, then the in-place row-block epilogue
+                all_cols = slice(0, V)
+                z = head.logits(h_c, rows, all_cols)
+                epi = _RowEpilogue(z, head.targets[rows], keep_logits=plan.with_entropy or softcap)
+                if not plan.coupled:
+                    set_stats(rows, epi.stats())
+                g_lp_c, g_H_c = chunk_grads(rows)
+                if softcap:  # the softcap chain factor needs the final logits: ChunkedHead's general form
+                    d_raw = head.grad_raw_(z, rows, all_cols, lse[rows], ez[rows], g_lp_c, g_H_c)
+                else:
+                    row_scale = plan.transform.inv_temperature[rows].to(head.acc) * plan.transform.logit_scale
+                    d_raw = epi.grad_(lse[rows], ez[rows], g_lp_c, g_H_c, row_scale)
+                head.accumulate_(d_raw, h_c, rows, all_cols, dh, dW, db)
+                del z, epi, d_raw
+                continue
             if not plan.coupled:
-                stats = (
-                    _row_stats(z, head.targets[rows], plan.with_entropy)
-                    if whole_rows
-                    else head.stats(h_c, rows, plan.with_entropy)
-                )
-                set_stats(rows, stats)
-                g_lp_c, g_H_c = _token_grads(plan.objective, lp[rows], None if H is None else H[rows], rows)
-            else:
-                g_lp_c, g_H_c = g_lp[rows], None if g_H is None else g_H[rows]
+                set_stats(rows, head.stats(h_c, rows, plan.with_entropy))
+            g_lp_c, g_H_c = chunk_grads(rows)
             for cols in head.col_slices():
-                zc = z if whole_rows else head.logits(h_c, rows, cols)
-                d_raw = head.grad_raw_(zc, rows, cols, lse[rows], ez[rows], g_lp_c, g_H_c)
+                z = head.logits(h_c, rows, cols)
+                d_raw = head.grad_raw_(z, rows, cols, lse[rows], ez[rows], g_lp_c, g_H_c)
                 head.accumulate_(d_raw, h_c, rows, cols, dh, dW, db)
-            del z
+                del z, d_raw
         loss = _value(plan.objective, lp, H)
         ctx.save_for_backward(dh if need_h else None, dW, db)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
