@@ -11,6 +11,7 @@ import ludic_fast
 from ludic_fast.integrations.transformers import (
     LMHead,
     UnsupportedHeadError,
+    call_in_forward,
     check_lm_head,
     final_hidden_states,
     gather_lm_head,
@@ -206,3 +207,31 @@ def test_gather_lm_head_is_a_noop_without_zero3():
     with gather_lm_head(model):
         head = lm_head(model)
     assert isinstance(head, LMHead) and head.weight is model.lm_head.weight
+
+
+class _Wrapper(nn.Module):
+    """A DDP-like wrapper: `.module`, and work of its own around the inner forward."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.calls = 0
+
+    def forward(self, **inputs):
+        self.calls += 1
+        return self.module(**inputs)
+
+
+def test_call_in_forward_runs_inside_the_wrappers_and_restores_the_forward():
+    model = tiny_model("LlamaConfig")
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], init_lora_weights=False)
+    wrapped = _Wrapper(peft.get_peft_model(model, cfg))
+    ids, mask = batch()
+
+    def body(lm, *, input_ids, attention_mask):
+        assert lm is model
+        return fused_logprobs(lm, input_ids, attention_mask)
+
+    lp, _ = call_in_forward(wrapped, body, input_ids=ids, attention_mask=mask)
+    assert wrapped.calls == 1 and "forward" not in model.__dict__
+    torch.testing.assert_close(lp, model_logprobs(wrapped.module, ids, mask)[0], rtol=1e-5, atol=1e-5)

@@ -31,9 +31,11 @@ def _trainer(cls, model, tok, tmp_path, **overrides):
         report_to=[], use_cpu=True, bf16=False, gradient_checkpointing=False, save_strategy="no",
         logging_steps=1, beta=0.0, temperature=0.8,
     )
+    peft_config = overrides.pop("peft_config", None)
     cfg.update(overrides)
     ds = datasets.Dataset.from_list([{"prompt": f"{a}+{b}="} for a in range(4) for b in range(4)])
-    return cls(model=model, reward_funcs=_reward, args=trl.GRPOConfig(**cfg), train_dataset=ds, processing_class=tok)
+    return cls(model=model, reward_funcs=_reward, args=trl.GRPOConfig(**cfg), train_dataset=ds, processing_class=tok,
+               peft_config=peft_config)
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +260,25 @@ def test_three_step_training_run(base_model, tok, tmp_path):
     for entry in logs:
         assert math.isfinite(entry["loss"]) and math.isfinite(entry["entropy"]) and "kl" in entry
     assert not torch.equal(trainer.model.lm_head.weight.detach(), before)
+
+
+def test_fast_trainer_with_peft_lora_equals_stock(base_model, tok, tmp_path):
+    """LoRA adapters through TRL's peft_config (the model is a PeftModel): same loss and adapter gradients."""
+    peft = pytest.importorskip("peft", reason="peft not installed")
+    trainers = []
+    for cls in (trl.GRPOTrainer, FastGRPOTrainer):
+        cfg = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                              init_lora_weights=False)
+        torch.manual_seed(5)  # identical adapter init
+        trainer = _trainer(cls, copy.deepcopy(base_model), tok, tmp_path / cls.__name__, peft_config=cfg)
+        _configure(trainer, {**BASE, "loss_type": "cispo", "epsilon_high": 1.2})
+        trainers.append(trainer)
+    stock, fast = trainers
+    inputs = _with_logps(_batch(stock.model.config.vocab_size), stock, stock.model)
+    loss_s, grads_s = _loss_and_grads(stock, stock._compute_loss, inputs)
+    loss_f, grads_f = _loss_and_grads(fast, fast.compute_loss, inputs)
+    assert grads_s and all("lora" in n for n in grads_s)
+    torch.testing.assert_close(loss_f, loss_s, rtol=1e-5, atol=1e-6)
+    assert grads_f.keys() == grads_s.keys()
+    for name, g in grads_s.items():
+        torch.testing.assert_close(grads_f[name], g, rtol=1e-4, atol=1e-6, msg=name)

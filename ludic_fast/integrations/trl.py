@@ -32,6 +32,7 @@ multimodal inputs.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -96,10 +97,8 @@ class FastGRPOTrainer(GRPOTrainer):
         logps, entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
             ids, am = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
-            lp, ent = call_in_forward(
-                model, self._head_logprobs, input_ids=ids, attention_mask=am, n_keep=logits_to_keep,
-                with_entropy=compute_entropy,
-            )
+            fn = functools.partial(self._head_logprobs, n_keep=logits_to_keep, with_entropy=compute_entropy)
+            lp, ent = call_in_forward(model, fn, input_ids=ids, attention_mask=am)
             logps.append(lp)
             entropies.append(ent)
         return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
@@ -123,9 +122,8 @@ class FastGRPOTrainer(GRPOTrainer):
         prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        return call_in_forward(
-            model, self._fused_loss, input_ids=input_ids, attention_mask=attention_mask, loss_inputs=inputs
-        )
+        fn = functools.partial(self._fused_loss, loss_inputs=inputs)
+        return call_in_forward(model, fn, input_ids=input_ids, attention_mask=attention_mask)
 
     def _token_local(self) -> bool:
         return (
