@@ -186,34 +186,6 @@ def aggregate_stats(
     return stats
 
 
-def reduce_stats_across_ranks(stats: dict[str, float]) -> dict[str, float]:
-    """When torch.distributed is initialised: gpu_* -> max, SUM_KEYS -> sum, others -> mean weighted by
-    each rank's num_samples (the world size when absent). Keys are sorted so every rank agrees."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return stats
-    keys = sorted(k for k, v in stats.items() if isinstance(v, (int, float)))
-    n = float(stats.get("num_samples", 1.0)) if "num_samples" in stats else 1.0
-    vals = torch.tensor(
-        [stats[k] * (1.0 if k in SUM_KEYS or k.startswith("gpu_") else n) for k in keys], dtype=torch.float64
-    )
-    maxed = vals.clone()
-    dist.all_reduce(vals, op=dist.ReduceOp.SUM)
-    dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
-    denom = torch.tensor([n], dtype=torch.float64)
-    dist.all_reduce(denom, op=dist.ReduceOp.SUM)
-    out = dict(stats)
-    for i, k in enumerate(keys):
-        if k.startswith("gpu_"):
-            out[k] = float(maxed[i])
-        elif k in SUM_KEYS:
-            out[k] = float(vals[i])
-        else:
-            out[k] = float(vals[i] / denom[0])
-    return out
-
-
 def group_log_stats(stats: Mapping[str, Any]) -> dict[str, Any]:
     """Ludic's key grouping: train_step -> train/step, eval_step -> eval/step, keys already under
     train/ eval/ perf/ kept, eval_x -> eval/x, gpu_x -> perf/gpu_x, `phase` dropped, others -> train/x."""
@@ -241,7 +213,6 @@ __all__ = [
     "default_reducers",
     "aggregate_stats",
     "apply_reducers_to_records",
-    "reduce_stats_across_ranks",
     "group_log_stats",
     "SUM_KEYS",
 ]

@@ -39,9 +39,10 @@ from torch import Tensor, nn
 from ludic_fast.algorithm import RLAlgorithm
 from ludic_fast.batching import collate_packed, collate_saw_items, group_index_of, split_items_by_token_budget
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
+from ludic_fast.distributed.stats import reduce_stats_across_ranks
 from ludic_fast.integrations.transformers import call_in_forward, final_hidden_states, lm_head
 from ludic_fast.ops import linear_logprobs
-from ludic_fast.stats import Reducer, aggregate_stats, group_log_stats, reduce_stats_across_ranks
+from ludic_fast.stats import Reducer, aggregate_stats, group_log_stats
 from ludic_fast.types import SAWBatch
 
 _SCHEDULES = ("constant", "linear", "cosine")
@@ -229,9 +230,12 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ setup
     def _enable_gradient_checkpointing(self) -> None:
-        if not hasattr(self.model, "gradient_checkpointing_enable"):
+        enable = getattr(self.model, "activation_checkpointing_enable", None) or getattr(
+            self.model, "gradient_checkpointing_enable", None
+        )
+        if enable is None:
             raise ValueError("gradient_checkpointing needs a transformers model (gradient_checkpointing_enable)")
-        self.model.gradient_checkpointing_enable()
+        enable()
         if getattr(self.model, "config", None) is not None:
             self.model.config.use_cache = False
         if hasattr(self.model, "enable_input_require_grads"):
@@ -305,12 +309,12 @@ class Trainer:
                 saw_batch.meta["effective_rollouts"] = len(rollout_ids) if rollout_ids else len(saw_batch.items)
                 return saw_batch
 
-    async def train_step(self) -> dict[str, Any]:
-        """One macro step (module docstring); returns the grouped stats (or {"train/step"} between logs)."""
-        self.model.train()
-        t0 = time.perf_counter()
-        saw_batch = await self._fetch()
-        t_fetch = time.perf_counter() - t0
+    def accumulate_gradients(self, saw_batch: SAWBatch) -> tuple[Tensor, list[dict[str, Any]], list[int], list[Tensor]]:
+        """Steps 2-3 of `train_step` on a fetched batch: split, collate, `(loss_k n_k / N).backward()` per chunk.
+
+        Replaces `saw_batch.items` by the truncated, sorted items; returns (Σ_k loss_k n_k / N detached, the
+        micro-batch stats, their item counts, the per-chunk reference KL estimates). Gradients accumulate in
+        `.grad` (the caller steps and zeroes them)."""
         chunks = split_items_by_token_budget(
             saw_batch.items,
             micro_token_budget=self.cfg.micro_token_budget,
@@ -322,9 +326,8 @@ class Trainer:
         if n_total == 0:
             raise ValueError("no items to train on after preprocessing")
         index = group_index_of(saw_batch.items)
-        micro_stats, sizes = [], []
+        micro_stats, sizes, kl_ref = [], [], []
         total_loss = torch.zeros((), device=self.device)
-        kl_ref = []
         for chunk in chunks:
             batch = self._collate(chunk, index)
             if self.ref_model is not None:
@@ -336,6 +339,15 @@ class Trainer:
             total_loss += loss.detach() * (len(chunk) / n_total)
             micro_stats.append(stats)
             sizes.append(len(chunk))
+        return total_loss, micro_stats, sizes, kl_ref
+
+    async def train_step(self) -> dict[str, Any]:
+        """One macro step (module docstring); returns the grouped stats (or {"train/step"} between logs)."""
+        self.model.train()
+        t0 = time.perf_counter()
+        saw_batch = await self._fetch()
+        t_fetch = time.perf_counter() - t0
+        total_loss, micro_stats, sizes, kl_ref = self.accumulate_gradients(saw_batch)
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
