@@ -19,7 +19,7 @@ import triton.language as tl
 from ._logit_math import final_logits, logit_grad, raw_grad
 from .head_fwd import dot_tile
 
-BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 128, 128, 64, 8, 2
+BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 64, 128, 32, 8, 2
 
 
 @triton.jit

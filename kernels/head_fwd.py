@@ -15,7 +15,7 @@ import triton.language as tl
 from ._logit_math import final_logits
 
 #: Default launch configuration (also used by the AOT compile check).
-BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 128, 128, 64, 8, 3
+BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 128, 128, 32, 8, 4
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """Triton head kernels (fused and workspace strategies) under TRITON_INTERPRET=1 vs ludic_fast.reference.
 
 Cases are a hand-picked cover of dtype x V x D x temperature x softcap x bias x ignore_index x strides x N
-(not the full cross-product: the interpreter is slow). D is never a multiple of the 64-wide K block.
+(not the full cross-product: the interpreter is slow). D is never a multiple of the K block (32).
 """
 
 from __future__ import annotations

@@ -1,0 +1,116 @@
+"""Ahead-of-time compilation of every kernel at its default launch configuration, without a GPU.
+
+`SPECS` names each kernel with representative constexprs (bf16 inputs, every optional feature on, so the
+largest variant is checked); `compile_spec(spec, arch)` runs `triton.compile` for a CUDA `GPUTarget`
+(arch 80 -> sm_80, 90 -> sm_90a); `resource_usage` reads registers / stack / local memory (spills) from
+`cuobjdump --dump-resource-usage` and spill bytes from `ptxas -v` (the ptxas triton itself uses for
+that arch), both shipped in triton's backends/nvidia/bin.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any, NamedTuple
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
+
+from . import head_bwd, head_fwd, head_merge, head_rows
+
+ARCHS = (80, 90)
+NVIDIA_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+class KernelSpec(NamedTuple):
+    name: str
+    fn: Any  # triton JITFunction
+    pointer_types: dict[str, str]  # pointer argument -> "*bf16" etc. (others default to *fp32)
+    constexprs: dict[str, Any]
+    options: dict[str, int]
+    uses_dot: bool
+
+
+_TRANSFORM = {"SCALE": 1.0, "HAS_SOFTCAP": True, "SOFTCAP": 30.0}
+_BF16_IO = {"h_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "tgt_ptr": "*i32"}
+
+SPECS = (
+    KernelSpec(
+        "head_fwd", head_fwd.head_fwd_kernel, _BF16_IO,
+        {"HAS_BIAS": True, **_TRANSFORM, "ENTROPY": True, "UPCAST": False, "PRECISION": "tf32",
+         "BLOCK_M": head_fwd.BLOCK_M, "BLOCK_N": head_fwd.BLOCK_N, "BLOCK_K": head_fwd.BLOCK_K},
+        {"num_warps": head_fwd.NUM_WARPS, "num_stages": head_fwd.NUM_STAGES}, True,
+    ),
+    KernelSpec(
+        "head_merge", head_merge.head_merge_kernel, {"tgt_ptr": "*i32"},
+        {"ENTROPY": True, "BLOCK": head_merge.BLOCK}, {"num_warps": head_merge.NUM_WARPS}, False,
+    ),
+    KernelSpec(
+        "head_bwd", head_bwd.head_bwd_kernel, _BF16_IO,
+        {"HAS_BIAS": True, **_TRANSFORM, "HAS_GH": True, "NEED_DH": True, "NEED_DW": True, "NEED_DB": True,
+         "UPCAST": False, "PRECISION": "tf32",
+         "BLOCK_M": head_bwd.BLOCK_M, "BLOCK_N": head_bwd.BLOCK_N, "BLOCK_K": head_bwd.BLOCK_K},
+        {"num_warps": head_bwd.NUM_WARPS, "num_stages": head_bwd.NUM_STAGES}, True,
+    ),
+    KernelSpec(
+        "head_rows", head_rows.head_rows_kernel, {"ws_ptr": "*fp32", "b_ptr": "*bf16", "tgt_ptr": "*i32"},
+        {"HAS_BIAS": True, **_TRANSFORM, "ENTROPY": True, "STATS": True, "GRAD": True, "HAS_GH": True,
+         "ROWS": head_rows.ROWS, "BLOCK_V": head_rows.BLOCK_V},
+        {"num_warps": head_rows.NUM_WARPS}, False,
+    ),
+)
+
+
+#: How the JIT specializes the common case (contiguous inputs, D and V multiples of 16, e.g. 4096 x 151936):
+#: unit strides become constexpr 1, pointers and these integers get 16-divisibility hints.
+UNIT_STRIDES = ("stride_hk", "stride_wk")
+DIVISIBLE_BY_16 = ("D", "V", "stride_hn", "stride_wv", "stride_ws")
+
+
+def signature(spec: KernelSpec) -> tuple[dict[str, str], dict[str, object], dict[tuple[int], list]]:
+    """(signature, constexprs, attrs) for ASTSource: typed pointers, i32 scalars, JIT-like specialization."""
+    sig, constexprs, attrs = {}, dict(spec.constexprs), {}
+    for i, arg in enumerate(spec.fn.arg_names):
+        if arg in UNIT_STRIDES:
+            constexprs[arg] = 1
+        if arg in constexprs:
+            sig[arg] = "constexpr"
+            continue
+        sig[arg] = spec.pointer_types.get(arg, "*fp32") if arg.endswith("_ptr") else "i32"
+        if arg.endswith("_ptr") or arg in DIVISIBLE_BY_16:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, constexprs, attrs
+
+
+def compile_spec(spec: KernelSpec, arch: int):
+    """triton.compile for CUDA `arch` (80 or 90); the result's .asm has 'ptx' and 'cubin'."""
+    sig, constexprs, attrs = signature(spec)
+    src = ASTSource(fn=spec.fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(spec.options))
+
+
+def resource_usage(compiled, arch: int) -> dict[str, int | bool]:
+    """{'regs', 'stack', 'local', 'spill_stores', 'spill_loads', 'shared', 'wgmma'} of a compiled kernel."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        dump = subprocess.run([os.path.join(NVIDIA_BIN, "cuobjdump"), "--dump-resource-usage", cubin],
+                              capture_output=True, text=True, check=True).stdout
+        sm = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        ptxas = subprocess.run([get_ptxas(arch).path, f"-arch={sm}", "-v", ptx, "-o", os.devnull],
+                               capture_output=True, text=True, check=True).stderr
+    usage = {key.lower(): int(val) for key, val in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", dump)}
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas)
+    usage["regs"] = usage.pop("reg")
+    usage["spill_stores"], usage["spill_loads"] = (int(spill.group(1)), int(spill.group(2))) if spill else (0, 0)
+    usage["shared"] = int(compiled.metadata.shared)
+    usage["wgmma"] = "wgmma" in compiled.asm["ptx"]
+    return usage

@@ -1,0 +1,106 @@
+"""The workspace row kernel as a drop-in for `ChunkedHead.stats` + `ChunkedHead.grad_raw_` (under
+TRITON_INTERPRET=1), with fp32 and bf16 workspaces, whole rows and vocabulary slices; and the strategy rule."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform
+
+pytestmark = [
+    pytest.mark.interpret,
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+        reason="needs a CUDA GPU or TRITON_INTERPRET=1 (the Triton interpreter)",
+    ),
+]
+DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+
+N, V, D = 6, 1021, 40
+
+
+def _setup(softcap, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(N, D, generator=g)
+    w = torch.randn(V, D, generator=g) * 0.4
+    b = torch.randn(V, generator=g) * 0.5
+    targets = torch.randint(0, V, (N,), generator=g)
+    targets[2] = -100
+    inv_t = (torch.rand(N, generator=g) + 0.4).double().reciprocal()
+    transform = HeadTransform(1.3, softcap, inv_t)
+    head = ChunkedHead(h, w, b, targets, transform, None, -100)
+    g_lp = torch.randn(N, generator=g) * head.valid
+    g_h = torch.randn(N, generator=g) * head.valid
+    return h, w, b, targets, transform, head, g_lp, g_h
+
+
+def _rows(ws, targets, transform, b, **kw):
+    from ludic_fast.ops.triton_head import workspace_head_rows_
+
+    return workspace_head_rows_(ws, targets.to(DEVICE), transform.inv_temperature.to(DEVICE), bias=b.to(DEVICE),
+                                logit_scale=transform.logit_scale, softcap=transform.softcap, **kw)
+
+
+@pytest.mark.parametrize("ws_dtype", [torch.float32, torch.bfloat16], ids=["fp32-ws", "bf16-ws"])
+@pytest.mark.parametrize("softcap", [None, 4.0], ids=["nocap", "softcap"])
+def test_stats_and_grad_in_one_call(ws_dtype, softcap):
+    h, w, b, targets, transform, head, g_lp, g_h = _setup(softcap)
+    raw = h @ w.T  # the GEMM the caller runs (no bias, no transform)
+    ws = raw.to(ws_dtype).to(DEVICE)
+    # reference on the same (possibly bf16-rounded) raw logits: final logits, their statistics, ChunkedHead.grad_raw_
+    rows, cols = slice(0, N), slice(0, V)
+    z_ref = transform.apply_(ws.float().cpu() + b, rows)
+    lse_ref = torch.logsumexp(z_ref, 1)
+    ez_ref = (torch.softmax(z_ref, 1) * z_ref).sum(1)
+    zy_ref = z_ref.gather(1, head.targets[:, None]).squeeze(1)
+    d_ref = head.grad_raw_(z_ref.clone(), rows, cols, lse_ref, ez_ref, g_lp, g_h)
+    lse, ez, zy = _rows(ws, targets, transform, b, g_lp=g_lp.to(DEVICE), g_H=g_h.to(DEVICE))
+    torch.testing.assert_close(lse.cpu(), lse_ref, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(ez.cpu(), ez_ref, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(zy.cpu(), zy_ref * head.valid, atol=1e-5, rtol=1e-6)
+    assert ws.dtype == ws_dtype
+    tol = 1e-5 if ws_dtype == torch.float32 else 8e-3  # bf16 workspace: d(raw) is stored rounded to bf16
+    assert (ws.float().cpu() - d_ref).abs().max() <= tol * d_ref.abs().max()
+    assert bool((ws[2] == 0).all()), "ignored row must get a zero gradient"
+
+
+def test_grad_on_vocabulary_slice_with_given_stats():
+    h, w, b, targets, transform, head, g_lp, g_h = _setup(5.0, seed=1)
+    rows = slice(0, N)
+    lse, ez, _ = head.stats(h, rows, True)
+    cols = slice(300, 700)
+    z = head.logits(h, rows, cols)
+    d_ref = head.grad_raw_(z, rows, cols, lse, ez, g_lp, g_h)
+    ws = (h @ w[cols].T).to(DEVICE)
+    lse_out, ez_out, zy = _rows(ws, targets, transform, b, col_start=cols.start, lse=lse.to(DEVICE),
+                                ez=ez.to(DEVICE), g_lp=g_lp.to(DEVICE), g_H=g_h.to(DEVICE))
+    assert zy is None and torch.equal(lse_out.cpu(), lse.float())
+    torch.testing.assert_close(ws.cpu(), d_ref, atol=1e-7, rtol=1e-5)
+
+
+def test_bad_arguments():
+    h, w, b, targets, transform, _, g_lp, g_h = _setup(None)
+    ws = (h @ w[:100].T).to(DEVICE)
+    with pytest.raises(ValueError, match="whole vocabulary rows"):
+        _rows(ws, targets, transform, b)
+    with pytest.raises(ValueError, match="g_H needs g_lp"):
+        _rows((h @ w.T).to(DEVICE), targets, transform, b, g_H=g_h.to(DEVICE))
+    with pytest.raises(ValueError, match="unit column stride"):
+        _rows((w @ h.T).to(DEVICE).T, targets, transform, b)
+
+
+def test_strategy_rule(monkeypatch):
+    from ludic_fast.ops.triton_head import choose_strategy
+
+    monkeypatch.delenv("LUDIC_FAST_TRITON_STRATEGY", raising=False)
+    assert choose_strategy(8192, 151936, None) == "workspace"
+    assert choose_strategy(64, 151936, None) == "fused"  # a single token tile
+    assert choose_strategy(8192, 151936, 15 * 151936) == "fused"  # budget below 16 whole rows
+    assert choose_strategy(8192, 151936, None, "fused") == "fused"
+    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", "fused")
+    assert choose_strategy(8192, 151936, None) == "fused"
+    with pytest.raises(ValueError, match="strategy"):
+        choose_strategy(8192, 151936, None, "cublas")
