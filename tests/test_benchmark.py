@@ -88,7 +88,7 @@ def test_tables_show_every_ratio_and_goal_verdict():
     group = report.groups(_synthetic())[(TINY, "cispo")]
     table = report.results_table(group)
     lines = table.splitlines()
-    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 14
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 15
     ours_row = next(line for line in lines if line.startswith("| ours-fused"))
     # median 12 / reference 16 = 0.75; / GEMMs 10 = 1.20; peak 2 / 6 GiB = 0.33
     assert "| 0.75 | 1.20 | 0.33 |" in ours_row
@@ -111,6 +111,8 @@ def test_outputs_round_trip_and_plot(tmp_path):
     loaded, meta = cli.load_results(tmp_path / "results.json")
     assert meta == {"command": "test"} and loaded == results
     text = (tmp_path / "results.md").read_text()
+    assert cli.main(["--render", str(tmp_path / "results.json"), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "results.md").read_text() == text
     assert "## cispo — N=48 D=16 V=257 float32" in text and "## cispo — N=96 D=16 V=257 float32" in text
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "scaling_cispo_n.png").stat().st_size > 0

@@ -3,6 +3,7 @@
     ludic-fast bench --preset key --out bench/results          # the CPU table of issue 9 (N=2048, Qwen2.5-0.5B head)
     ludic-fast bench --preset cpu --out bench/results          # + N sweep, V sweep, D=2048 V=32000, every workload
     ludic-fast bench --workloads head,cispo --n 512,1024 --d 896 --v 151936 --impls ours-fused,reference
+    ludic-fast bench --render bench/results/results.json --out bench/results  # redraw tables and plots
 
 Writes `results.json`, `results.md` (tables with every ratio) and `scaling_<workload>_<n|v>.png` to --out.
 """
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per case")
     p.add_argument("--out", default="bench/results", help="output folder")
     p.add_argument("--note", action="append", default=[], help="free-form line for the report header")
+    p.add_argument("--render", metavar="RESULTS_JSON", help="only re-render tables and plots of a results.json")
     return p
 
 
@@ -120,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:  # called through `ludic-fast bench ...`
         argv = argv[1:]
     args = build_parser().parse_args(argv)
+    if args.render:
+        results, meta = load_results(args.render)
+        write_outputs(results, meta, Path(args.out))
+        print(f"wrote {args.out}/results.md")
+        return 0
     preset = PRESETS.get(args.preset or "key")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     workloads = _validate(args.workloads or list(preset["workloads"]), WORKLOADS, "workloads")
