@@ -100,7 +100,9 @@ def optimizer_from_flat(tensors: Mapping[str, torch.Tensor], rest: Mapping[str, 
         state.setdefault(int(pid), {})[name] = value
     for pid, values in rest["scalars"].items():
         state.setdefault(int(pid), {}).update(values)
-    return {"state": state, "param_groups": [dict(g) for g in rest["param_groups"]]}
+    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
+              for g in rest["param_groups"]]  # JSON turned tuples (betas) into lists
+    return {"state": state, "param_groups": groups}
 
 
 class CheckpointManager:

@@ -61,7 +61,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = leave torch's default)")
     g = p.add_argument_group("SFT warm-up")
-    g.add_argument("--sft-steps", type=int, default=30)
+    g.add_argument("--sft-steps", type=int, default=40)
     g.add_argument("--sft-batch-size", type=int, default=64)
     g.add_argument("--sft-lr", type=float, default=3e-3)
     g.add_argument("--sft-data", default=None, help="chat JSONL ({'messages': [...]}); default: the task's answers")
@@ -71,7 +71,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--prompts-per-batch", type=int, default=32)
     g.add_argument("--group-size", type=int, default=8)
     g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--max-new-tokens", type=int, default=6)
+    g.add_argument("--max-new-tokens", type=int, default=4)
     g.add_argument(
         "--dynamic-sampling",
         action=argparse.BooleanOptionalAction,

