@@ -152,16 +152,22 @@ def run_pipeline_actor(
     *,
     poll_weights: Callable[[], int | None] | None = None,
     num_rounds: int | None = None,
+    wait_interval_s: float = 0.5,
 ) -> int:
     """The actor loop: each round, `poll_weights()` (if given) loads newer published weights into the
-    rollout policy and returns the policy version now in use (None: unchanged); then
-    `make_items(policy_version)` runs rollouts + credit assignment and its SAWItems are pushed, each
-    tagged with that version. Runs `num_rounds` rounds (forever when None); returns the items pushed."""
-    version = 0
+    rollout policy and returns their version (None: nothing newer); then `make_items(policy_version)` runs
+    rollouts + credit assignment and its SAWItems are pushed, each tagged with that version. With
+    `poll_weights`, the first round waits until some weights have been published (items must carry the
+    version of the weights that generated them); without it every item has version 0. Runs `num_rounds`
+    rounds (forever when None); returns the number of items pushed."""
+    version = None if poll_weights is not None else 0
     rounds = itertools.count() if num_rounds is None else range(num_rounds)
     for _ in rounds:
         if poll_weights is not None:
             new = poll_weights()
+            while new is None and version is None:
+                time.sleep(wait_interval_s)
+                new = poll_weights()
             version = version if new is None else new
         for item in make_items(version):
             producer.push(item, version)

@@ -1,0 +1,61 @@
+"""Pipeline RL actor: rollouts with the latest published weights, credit assignment, SAWItems pushed to Redis.
+
+    python examples/pipeline_rl/actor.py --redis-url redis://HOST:6379/0 --prefix run1 --actor-id a0 --seed 1
+
+Model, task, preset and sampling flags are those of `ludic-fast train` and must match the learner's. Give
+every actor its own --actor-id and --seed. Runs until interrupted (or --rounds batches). See
+docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import torch
+from common import add_pipeline_args
+
+from ludic_fast.distributed.pipeline import PipelineKeys, PipelineProducer, run_pipeline_actor
+from ludic_fast.distributed.publish import RedisWeightSubscriber
+from ludic_fast.rollout import HFGenerateEngine, RolloutBatchSource, SamplingConfig
+from ludic_fast.train_cli import build_model_and_tokenizer, build_parser, build_task, make_algorithm
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser("examples/pipeline_rl/actor.py")
+    g = add_pipeline_args(parser)
+    g.add_argument("--actor-id", default=None, help="unique per actor (default: random)")
+    g.add_argument("--rounds", type=int, default=None, help="rollout batches to push (default: until interrupted)")
+    g.add_argument("--max-queued", type=int, default=None, help="wait while the stream holds this many items")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    model, tok = build_model_and_tokenizer(args)  # the architecture; the weights come from the learner
+    model.to(args.device)
+    engine = HFGenerateEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    algo = make_algorithm(args)
+    rollouts = RolloutBatchSource(
+        engine=engine,
+        task=build_task(args),
+        tokenizer=tok,
+        credit_assigner=algo.credit_assigner,
+        prompts_per_batch=args.prompts_per_batch,
+        group_size=args.group_size,
+        sampling=SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens),
+        seed=args.seed,
+    )
+    keys = PipelineKeys(args.prefix)
+    subscriber = RedisWeightSubscriber(args.redis_url, engine.publish, keys=keys)  # load_state_dict + version
+    producer = PipelineProducer(args.redis_url, keys=keys, actor_id=args.actor_id, max_queued=args.max_queued)
+
+    def make_items(version: int):
+        return asyncio.run(rollouts.next_batch()).items
+
+    pushed = run_pipeline_actor(make_items, producer, poll_weights=subscriber.poll, num_rounds=args.rounds)
+    print(f"[actor {producer.actor_id}] pushed {pushed} items; last policy version {subscriber.version}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""Pipeline RL learner: the bundled Trainer fed from Redis, publishing its weights to the actors after every step.
+
+    python examples/pipeline_rl/learner.py --redis-url redis://HOST:6379/0 --prefix run1 \\
+        --rl-steps 100 --prompts-per-batch 8 --group-size 8 --max-lag 2
+
+Model, task, preset and trainer flags are those of `ludic-fast train` (defaults: the embedded tiny model and
+addition task); the actors must use the same --model/--task/--preset/--group-size/--temperature. With
+--sft-steps > 0 the learner first runs the SFT warm-up, then publishes those weights as version 0; actors
+wait for them. See docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+import torch
+from common import add_pipeline_args
+
+from ludic_fast.distributed.pipeline import PipelineBatchSource, PipelineKeys
+from ludic_fast.distributed.publish import RedisWeightPublisher
+from ludic_fast.stats import default_reducers
+from ludic_fast.train_cli import (
+    build_console_logger,
+    build_model_and_tokenizer,
+    build_parser,
+    build_task,
+    make_algorithm,
+    run_sft,
+)
+from ludic_fast.trainer import Trainer, TrainerConfig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser("examples/pipeline_rl/learner.py")
+    add_pipeline_args(parser)
+    args = parser.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    model, tok = build_model_and_tokenizer(args)
+    logger = build_console_logger(args.logger)
+    if args.sft_steps > 0:
+        model = run_sft(args, model, tok, build_task(args), logger)
+    keys = PipelineKeys(args.prefix)
+    publisher = RedisWeightPublisher(args.redis_url, keys=keys)
+    publisher.publish({n: p.detach() for n, p in model.named_parameters()}, version=0)  # what actors start from
+    source = PipelineBatchSource(
+        args.redis_url, keys=keys, batch_size=args.prompts_per_batch * args.group_size, max_lag=args.max_lag
+    )
+    cfg = TrainerConfig(
+        model_device=args.device,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm,
+        max_seq_len=args.max_seq_len,
+        micro_token_budget=args.micro_token_budget,
+        sync_every_steps=1,
+        max_lag=args.max_lag,
+        pad_token_id=tok,
+        temperature=args.temperature if args.temperature > 0 else 1.0,
+    )
+    trainer = Trainer(model=model, algo=make_algorithm(args), batch_source=source, cfg=cfg, publisher=publisher,
+                      train_logger=logger, reducers=default_reducers())
+    trainer.train_sync(args.rl_steps)
+    source.commit()  # the last batch has been trained on
+    print(f"[learner] done: {trainer.step_idx} steps; pipeline counters {source.counters}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
