@@ -158,13 +158,22 @@ def _gemm_f32(a: Tensor, b: Tensor) -> Tensor:
     return a.float() @ b.float()
 
 
-def _grad_blocks(n: int, v: int, budget: int) -> tuple[int, int]:
+def grad_blocks(n: int, v: int, budget: int) -> tuple[int, int]:
     """(tokens, vocab columns) of one backward workspace block: all tokens of a vocabulary slice if possible."""
     cols = min(v, budget // max(n, 1))
     if cols >= min(v, _MIN_GRAD_COLS):
         return n, cols
     cols = min(v, _MIN_GRAD_COLS)
     return max(1, budget // cols), cols
+
+
+def fused_splits(n: int, v: int) -> tuple[int, int]:
+    """(vocab splits, vocab blocks per split) of the fused forward grid: about `_TARGET_PROGRAMS` programs
+    (token tiles x splits) to fill the GPU; every split starts inside the vocabulary."""
+    row_tiles = -(-n // FWD_BLOCK_M)
+    vocab_blocks = -(-v // FWD_BLOCK_N)
+    per_split = -(-vocab_blocks // max(1, min(vocab_blocks, _TARGET_PROGRAMS // row_tiles)))
+    return -(-vocab_blocks // per_split), per_split
 
 
 class _HeadFunctionBase(torch.autograd.Function):
@@ -181,25 +190,22 @@ class _HeadFunctionBase(torch.autograd.Function):
     @classmethod
     def backward(cls, ctx, g_lp, g_H, _g_lse):  # type: ignore[override]
         h, w, b, tgt, inv_t, lse, ez = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        n, d = h.shape
-        f32 = {"device": h.device, "dtype": torch.float32}
-        dh = torch.zeros(n, d, **f32) if need_h else None
-        dw = torch.zeros(w.shape, **f32) if need_w else None
-        db = torch.zeros(w.shape[0], **f32) if (need_b and b is not None) else None
-        g_lp = torch.zeros(n, **f32) if g_lp is None else _upstream(g_lp, n)
+        need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2] and b is not None)
+        n = h.shape[0]
+        g_lp = torch.zeros(n, device=h.device, dtype=torch.float32) if g_lp is None else _upstream(g_lp, n)
         g_H = _upstream(g_H, n) if ctx.with_entropy else None
-        if n and (dh is not None or dw is not None or db is not None):
-            cls._grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, dh, dw, db, ctx.cfg)
+        grads = cls._grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, ctx.cfg)
         return (
-            None if dh is None else dh.to(h.dtype),
-            None if dw is None else dw.to(w.dtype),
-            None if db is None else db.to(b.dtype),
+            *(None if g is None else g.to(x.dtype) for g, x in zip(grads, (h, w, b))),
             None,
             None,
             None,
             None,
         )
+
+
+def _zeros_f32(shape, needed: bool, like: Tensor) -> Tensor | None:
+    return torch.zeros(shape, device=like.device, dtype=torch.float32) if needed else None
 
 
 class FusedHeadFunction(_HeadFunctionBase):
@@ -212,10 +218,7 @@ class FusedHeadFunction(_HeadFunctionBase):
         out = [torch.zeros(n, **f32) for _ in range(4)]
         if n == 0:
             return out
-        row_tiles = -(-n // FWD_BLOCK_M)
-        vocab_blocks = -(-v // FWD_BLOCK_N)
-        per_split = -(-vocab_blocks // max(1, min(vocab_blocks, _TARGET_PROGRAMS // row_tiles)))
-        splits = -(-vocab_blocks // per_split)  # every split starts inside the vocabulary
+        splits, per_split = fused_splits(n, v)
         part = torch.empty(4, splits, n, **f32)
         launch_head_fwd(h, w, b, tgt, inv_t, part, per_split, scale=cfg.scale, softcap=cfg.softcap,
                         entropy=with_entropy, upcast=cfg.upcast, precision=cfg.precision)
@@ -223,9 +226,13 @@ class FusedHeadFunction(_HeadFunctionBase):
         return out
 
     @staticmethod
-    def _grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, dh, dw, db, cfg):
-        launch_head_bwd(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, dh, dw, db, scale=cfg.scale, softcap=cfg.softcap,
-                        upcast=cfg.upcast, precision=cfg.precision)
+    def _grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg):
+        """(dh, dW, db) in fp32 (None where not needed): atomics need fp32 buffers of the full size."""
+        dh, dw, db = (_zeros_f32(shape, nd, h) for shape, nd in zip((h.shape, w.shape, w.shape[:1]), need))
+        if h.shape[0] and any(need):
+            launch_head_bwd(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, dh, dw, db, scale=cfg.scale,
+                            softcap=cfg.softcap, upcast=cfg.upcast, precision=cfg.precision)
+        return dh, dw, db
 
 
 class WorkspaceHeadFunction(_HeadFunctionBase):
@@ -248,9 +255,18 @@ class WorkspaceHeadFunction(_HeadFunctionBase):
         return lse, ez, torch.where(valid, zy - lse, zero), ent
 
     @staticmethod
-    def _grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, dh, dw, db, cfg):
+    def _grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg):
+        """(dh fp32, dW, db fp32). When one token chunk covers all N, each dW slice comes from a single GEMM
+        and is written straight in the weight dtype (no [V, D] fp32 buffer); otherwise dW accumulates fp32."""
         n, v = h.shape[0], w.shape[0]
-        rows_per, cols_per = _grad_blocks(n, v, cfg.max_elements)
+        rows_per, cols_per = grad_blocks(n, v, cfg.max_elements)
+        one_pass = 0 < n <= rows_per
+        dh, db = _zeros_f32(h.shape, need[0], h), _zeros_f32(w.shape[:1], need[2], h)
+        dw = _zeros_f32(w.shape, need[1] and not one_pass, h)
+        if need[1] and one_pass:
+            dw = torch.empty(w.shape, device=w.device, dtype=w.dtype)
+        if n == 0 or not any(need):
+            return dh, dw, db
         for c0 in range(0, v, cols_per):
             c = slice(c0, min(v, c0 + cols_per))
             for r0 in range(0, n, rows_per):
@@ -264,8 +280,11 @@ class WorkspaceHeadFunction(_HeadFunctionBase):
                 d_lo = ws.to(h.dtype)  # GEMM operands in the input dtype (tensor cores), fp32 outputs
                 if dh is not None:
                     dh[r] += _gemm_f32(d_lo, w[c])
-                if dw is not None:
+                if dw is not None and one_pass:
+                    dw[c] = _gemm_f32(d_lo.T, h[r])
+                elif dw is not None:
                     dw[c] += _gemm_f32(d_lo.T, h[r])
+        return dh, dw, db
 
 
 def triton_linear_logprobs(

@@ -147,3 +147,37 @@ def test_empty_batch(strategy, monkeypatch):
     assert out.logprobs.shape == (0,) and out.entropy.shape == (0,)
     dh, dw = torch.autograd.grad(out.logprobs.sum() + out.entropy.sum(), (h, w))
     assert dh.shape == (0, 40) and bool((dw == 0).all())
+
+
+@pytest.mark.parametrize(
+    "strategy,n,v,chunk_elements,target_programs",
+    [
+        ("fused", 3, 4099, None, 4),  # 33 vocab blocks in 4 splits of 9: the last split ends in 3 empty blocks
+        ("workspace", 40, 1021, 2048, None),  # 20 forward row chunks; backward 20 token chunks (fp32 dW accumulation)
+        ("workspace", 3, 4099, 4500, None),  # backward: 3 vocabulary slices over all tokens (dW written per slice)
+    ],
+    ids=["fused-splits", "workspace-token-chunks", "workspace-vocab-slices"],
+)
+def test_grid_and_chunk_plans(strategy, n, v, chunk_elements, target_programs, monkeypatch):
+    from ludic_fast.ops import triton_head
+    from ludic_fast.ops.torch_head import HeadTransform
+
+    if target_programs is not None:
+        monkeypatch.setattr(triton_head, "_TARGET_PROGRAMS", target_programs)
+        assert triton_head.fused_splits(n, v) == (4, 9)
+    case = Case("fp32", torch.float32, n, v, 40, "per-token", softcap=5.0, bias=True, ignore=True)
+    hidden, weight, bias, targets, temperature, g_lp, g_h = _inputs(case, seed=7)
+    leaves = [x.clone().to(DEVICE).requires_grad_() for x in (hidden, weight, bias)]
+    transform = HeadTransform(1.0, 5.0, temperature.double().reciprocal().to(DEVICE))
+    lp, ent, lse = triton_head.triton_linear_logprobs(leaves[0], leaves[1], leaves[2], targets.to(DEVICE), transform,
+                                                      True, -100, strategy=strategy, chunk_elements=chunk_elements)
+    grads = torch.autograd.grad((lp, ent), leaves, (g_lp.to(DEVICE), g_h.to(DEVICE)))
+    ref_leaves = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
+    ref = reference.linear_logprobs(ref_leaves[0], ref_leaves[1], targets, bias=ref_leaves[2], softcap=5.0,
+                                    temperature=temperature)
+    ref_grads = torch.autograd.grad((ref.logprobs, ref.entropy), ref_leaves, (g_lp, g_h))
+    torch.testing.assert_close(lp.cpu(), ref.logprobs, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ent.cpu(), ref.entropy, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.cpu(), ref.lse, atol=2e-5, rtol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        assert _max_rel(got.cpu(), want) <= 1e-5
