@@ -261,9 +261,11 @@ def plot_curves(
     loss_key: str = "train/loss",
     eval_key: str = "eval/reward",
     title: str = "ludic-fast",
+    no_reward_phases: Sequence[str] = ("sft",),
 ) -> Path:
     """PNG with two panels: reward (train, and eval when logged) and loss against step, one line per
-    `phase` (records without a phase form one line). Returns the path."""
+    `phase` (records without a phase form one line); phases in `no_reward_phases` (SFT: no rollouts,
+    its logged reward is a placeholder 0) get no train-reward line. Returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -273,6 +275,8 @@ def plot_curves(
     for r in records:
         phase = str(r.get("phase", "train"))
         for key in (reward_key, loss_key, eval_key):
+            if key == reward_key and phase in no_reward_phases:
+                continue
             value = r.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value) and "step" in r:
                 series.setdefault((key, phase), []).append((float(r["step"]), float(value)))
