@@ -19,8 +19,6 @@ import torch
 redis = pytest.importorskip("redis", reason="needs the redis Python client")
 pytest.importorskip("msgpack", reason="needs msgpack")
 
-from ludic_fast import losses  # noqa: E402
-from ludic_fast.batching import collate_saw_items  # noqa: E402
 from ludic_fast.distributed.pipeline import (  # noqa: E402
     MalformedPayloadError,
     PipelineBatchSource,
@@ -214,12 +212,26 @@ BATCH, STEPS, MAX_LAG = 4, 12, 6
 
 
 def _tiny_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Embedding(V, D), torch.nn.Linear(D, V, bias=False))
+    from ludic_fast.embedded import build_tiny_model
+
+    return build_tiny_model(V, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=2, seed=0)
 
 
 def _checksum(model: torch.nn.Module) -> float:
     return float(sum(p.double().sum() for p in model.state_dict().values()))
+
+
+class _RecordingSource:
+    """The learner's PipelineBatchSource, remembering the item ids it handed to the Trainer."""
+
+    def __init__(self, source: PipelineBatchSource):
+        self.source, self.fetched = source, []
+
+    async def next_batch(self):
+        batch = await self.source.next_batch()
+        self.fetched.extend(i.meta["item_id"] for i in batch.items)
+        return batch
 
 
 def _write(f, **record) -> None:
@@ -228,24 +240,26 @@ def _write(f, **record) -> None:
 
 
 def _learner_main(url: str, out: str) -> None:
-    """Minimal learner loop (tiny model, fused CISPO on its hidden states, AdamW), publishing after each step."""
+    """The learner: the bundled Trainer (CISPO preset, fused head) on a PipelineBatchSource, publishing its
+    weights to Redis after every step."""
+    from ludic_fast.algorithm import make_cispo
+    from ludic_fast.trainer import Trainer, TrainerConfig
+
     torch.set_num_threads(1)
-    model = _tiny_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     pub = RedisWeightPublisher(url, retry_timeout_s=60)
     src = PipelineBatchSource(url, batch_size=BATCH, max_lag=MAX_LAG, block_ms=200, retry_timeout_s=60)
-    pub.publish(model.state_dict(), version=0)
+    recording = _RecordingSource(src)
+    cfg = TrainerConfig(model_device="cpu", pad_token_id=0, lr=1e-2, max_seq_len=16, micro_token_budget=64,
+                        sync_every_steps=1, max_lag=MAX_LAG)
+    trainer = Trainer(model=_tiny_model(), algo=make_cispo(group_size=1), batch_source=recording, cfg=cfg,
+                      publisher=pub)
+    pub.publish({n: p.detach() for n, p in trainer.model.named_parameters()}, version=0)
     with open(out, "w") as f:
-        for step in range(1, STEPS + 1):
-            batch = src.next_batch_sync()
-            data = collate_saw_items(batch.items, pad_token_id=0)
-            loss, _ = losses.CISPOLoss()(data, hidden=model[0](data["input_ids"]), weight=model[1].weight)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            pub.publish(model.state_dict(), version=step)
-            _write(f, step=step, ids=[i.meta["item_id"] for i in batch.items], loss=float(loss),
-                   checksum=_checksum(model))
+        for _ in range(STEPS):
+            stats = trainer.train_step_sync()
+            _write(f, step=trainer.step_idx, ids=recording.fetched, loss=stats["train/loss"],
+                   checksum=_checksum(trainer.model))
+            recording.fetched = []
         src.commit()
         _write(f, counters=src.counters, reconnects=src.conn.reconnects + pub.conn.reconnects)
 
@@ -270,7 +284,7 @@ def _actor_main(url: str, out: str, rounds: int) -> None:
             for _ in range(BATCH):
                 base = _item(next(counter))
                 with torch.no_grad():
-                    logp = torch.log_softmax(model(torch.tensor(base.input_ids)), -1)
+                    logp = torch.log_softmax(model(torch.tensor([base.input_ids])).logits[0], -1)
                     token_lp = logp[:-1].gather(1, torch.tensor(base.input_ids[1:])[:, None])[:, 0]
                 acts = [float(token_lp[t - 1]) for t, m in enumerate(base.action_mask) if m]
                 items.append(SAWItem(base.input_ids, base.attention_mask, base.action_mask, base.weight,
@@ -341,7 +355,9 @@ def test_actor_and_learner_processes_survive_redis_restart(server, tmp_path):
     assert final["counters"]["stale"] == len(stale_ids)
     assert final["counters"]["duplicates"] == 0
     assert final["reconnects"] >= 1 and arec[-1]["reconnects"] >= 1, "both sides should have reconnected"
-    assert all(r["loss"] == r["loss"] for r in lrec if "step" in r)
+    steps_done = [r for r in lrec if "step" in r]
+    assert [r["step"] for r in steps_done] == list(range(1, STEPS + 1)), "the learner kept training"
+    assert len({r["checksum"] for r in steps_done}) == STEPS and all(r["loss"] != 0 for r in steps_done)
     # the actor generated with published weights: each version it applied matches the learner's checksum
     learner_sums = {r["step"]: r["checksum"] for r in lrec if "step" in r}
     applied = [r for r in arec if "applied" in r]
