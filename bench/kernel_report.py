@@ -60,8 +60,10 @@ def cost_model(n: int, d: int, v: int, elem: int = 2, budget: int = DEFAULT_CHUN
     r, c = grad_blocks(n, v, budget)
     slices, row_chunks = math.ceil(v / c), math.ceil(n / r)
     per_elem = 4 + 2 * 4 + (4 + elem) + 2 * elem + 4  # GEMM write, kernel r+w, cast, 2 GEMM reads, db read
-    bwd_bytes = (n * v * per_elem + slices * 3 * hb + row_chunks * 3 * wb
-                 + slices * 4 * n * d * 4 + row_chunks * 4 * v * d * 4 + (n * d + v * d) * (4 + elem))
+    dh_bytes = slices * 4 * n * d * 4 + n * d * (4 + elem)  # fp32 GEMM temp + `dh +=` per slice, final cast
+    # one token chunk: each dW slice is one GEMM (fp32 temp, cast into the weight dtype); else fp32 accumulation
+    dw_bytes = v * d * (8 + elem) if row_chunks == 1 else row_chunks * 4 * v * d * 4 + v * d * (4 + elem)
+    bwd_bytes = n * v * per_elem + slices * 3 * hb + row_chunks * 3 * wb + dh_bytes + dw_bytes
     rows.append(("workspace", "bwd", 6 * ndv, bwd_bytes, f"{slices} vocab slices x {row_chunks} token chunks"))
     return rows
 
