@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ludic_fast.algorithm import make_cispo
+from ludic_fast.distributed import Rank0Publisher
 from ludic_fast.distributed.local import run_local_group
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
 from ludic_fast.embedded import build_tiny_model
@@ -78,10 +79,20 @@ def _model() -> nn.Module:
                             num_key_value_heads=2, seed=0)
 
 
-def _step(model: nn.Module, items: list[SAWItem], reduce_stats: bool) -> dict:
-    cfg = TrainerConfig(model_device="cpu", pad_token_id=0, sync_every_steps=0, lr=1e-3, max_grad_norm=1.0,
-                        max_seq_len=16, micro_token_budget=20, reduce_stats_across_ranks=reduce_stats)
-    trainer = Trainer(model=model, algo=make_cispo(group_size=1), batch_source=_Source(items), cfg=cfg)
+class _Capture:
+    def __init__(self):
+        self.published: list[tuple[dict, int]] = []
+
+    def publish(self, params, version):
+        self.published.append(({k: v.detach().clone() for k, v in params.items()}, version))
+
+
+def _step(model: nn.Module, items: list[SAWItem], reduce_stats: bool, publisher=None) -> dict:
+    cfg = TrainerConfig(model_device="cpu", pad_token_id=0, sync_every_steps=int(publisher is not None), lr=1e-3,
+                        max_grad_norm=1.0, max_seq_len=16, micro_token_budget=20,
+                        reduce_stats_across_ranks=reduce_stats)
+    trainer = Trainer(model=model, algo=make_cispo(group_size=1), batch_source=_Source(items), cfg=cfg,
+                      publisher=publisher)
     return trainer.train_step_sync()
 
 
@@ -101,9 +112,17 @@ def _check_step(rank: int, world: int, mode: str, single: nn.Module, ref_stats: 
             fully_shard(layer)
         fully_shard(model)
         wrapped = _Forwarding(model)
-    stats = _step(wrapped, _items(rank), reduce_stats=True)
+    capture = _Capture()
+    stats = _step(wrapped, _items(rank), reduce_stats=True, publisher=Rank0Publisher(capture))
 
     ref_params = dict(single.named_parameters())
+    # weights pushed after the step: gathered, wrapper prefixes stripped, from rank 0 only
+    assert len(capture.published) == (1 if rank == 0 else 0), mode
+    if rank == 0:
+        params, version = capture.published[0]
+        assert version == 1 and params.keys() == ref_params.keys(), mode
+        for name, t in params.items():
+            torch.testing.assert_close(t, ref_params[name].detach(), rtol=1e-5, atol=1e-6)
     for name, p in model.named_parameters():
         torch.testing.assert_close(_full(p.detach()), ref_params[name].detach(), rtol=1e-5, atol=1e-6,
                                    msg=lambda m, name=name: f"{mode}: parameter {name} after one step: {m}")
@@ -125,6 +144,11 @@ def test_two_rank_ddp_and_fsdp2_steps_equal_the_single_process_step():
     run_local_group(_worker, 2)
 
 
-def test_stats_reduction_is_identity_without_a_process_group():
+def test_without_a_process_group_stats_and_publishing_pass_through():
     stats = {"loss": 2.0, "num_samples": 3}
     assert reduce_stats_across_ranks(stats) == stats
+    capture = _Capture()
+    Rank0Publisher(capture).publish({"module.w": torch.ones(2)}, version=4)
+    assert list(capture.published[0][0]) == ["w"] and capture.published[0][1] == 4
+    with pytest.raises(TypeError, match="inner"):
+        Rank0Publisher(object())

@@ -5,8 +5,10 @@
 into parts of at most `part_bytes` (Redis strings are capped at 512 MB) and replaces the hash
 `<prefix>:weights` = {version, parts, 0, 1, ...} in one MULTI/EXEC transaction, so a reader sees either the
 old or the new weights, never a mix. `RedisWeightSubscriber.poll()` on the actor loads a newer version
-into its model. Redis carries the weights of small policies; for large ones on GPUs, publish to the
-rollout server's own weight-update path instead and keep Redis for the items and the version number.
+into its model. Redis carries the weights of small policies;
+for large ones on GPUs, publish to the rollout server's own weight-update path instead and keep Redis
+for the items and the version number. On several learner ranks wrap the publisher in
+`ludic_fast.distributed.rank0.Rank0Publisher`.
 """
 
 from __future__ import annotations
@@ -103,3 +105,4 @@ def load_into(model: torch.nn.Module) -> Callable[[dict[str, Tensor], int], None
             model.load_state_dict(state, strict=True)
 
     return apply
+
