@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import os
 import shutil
 import signal
 import socket
@@ -365,3 +366,27 @@ def test_actor_and_learner_processes_survive_redis_restart(server, tmp_path):
     for r in applied:
         if r["applied"] > 0:
             assert r["checksum"] == pytest.approx(learner_sums[r["applied"]], rel=1e-12)
+
+
+@needs_server
+def test_example_actor_and_learner_scripts_run(server):
+    """examples/pipeline_rl: one actor and the learner (Trainer, HF generate rollouts) on the embedded default."""
+    import sys
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "pipeline_rl"
+    common = ["--redis-url", server.url, "--prefix", "ex", "--prompts-per-batch", "2", "--group-size", "2",
+              "--threads", "1", "--max-lag", "4"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    learner = subprocess.Popen(
+        [sys.executable, str(root / "learner.py"), *common, "--sft-steps", "0", "--rl-steps", "2",
+         "--eval-every", "0", "--logger", "none"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    actor = subprocess.run(
+        [sys.executable, str(root / "actor.py"), *common, "--rounds", "3", "--actor-id", "ex0"],
+        capture_output=True, text=True, env=env, timeout=150,
+    )
+    out, _ = learner.communicate(timeout=150)
+    assert actor.returncode == 0, actor.stdout + actor.stderr
+    assert learner.returncode == 0, out
+    assert "[actor ex0] pushed 12 items" in actor.stdout
+    assert "done: 2 steps" in out and "'delivered': 8" in out and "'malformed': 0" in out
