@@ -151,9 +151,14 @@ def workspace_head_rows_(
     return lse, ez, zy
 
 
+#: torch.mm(..., out_dtype=torch.float32) on CUDA bf16/fp16 operands exists from torch 2.8
+_MM_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 8)
+
+
 def _gemm_f32(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b with fp32 output and fp32 accumulation; low-precision operands stay low precision on CUDA."""
-    if a.is_cuda and a.dtype != torch.float32:
+    """a @ b with fp32 output and fp32 accumulation; low-precision operands stay low precision on CUDA
+    (cuBLAS bf16/fp16 GEMM with an fp32 output), else both are upcast to fp32."""
+    if a.is_cuda and a.dtype != torch.float32 and _MM_OUT_DTYPE:
         return torch.mm(a, b, out_dtype=torch.float32)
     return a.float() @ b.float()
 

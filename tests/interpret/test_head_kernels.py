@@ -181,3 +181,9 @@ def test_grid_and_chunk_plans(strategy, n, v, chunk_elements, target_programs, m
     torch.testing.assert_close(lse.cpu(), ref.lse, atol=2e-5, rtol=1e-5)
     for got, want in zip(grads, ref_grads):
         assert _max_rel(got.cpu(), want) <= 1e-5
+
+
+def test_float64_is_rejected_by_the_triton_backend():
+    h, w = torch.randn(2, 40, dtype=torch.float64), torch.randn(1021, 40, dtype=torch.float64)
+    with pytest.raises(TypeError, match="triton backend"):
+        linear_logprobs(h.to(DEVICE), w.to(DEVICE), torch.zeros(2, dtype=torch.long, device=DEVICE), backend="triton")
