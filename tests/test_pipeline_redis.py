@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -118,7 +119,8 @@ def test_codec_roundtrip_and_malformed_payloads():
 
 # ------------------------------------------------------------------------------- delivery semantics
 @needs_server
-def test_batch_source_drops_malformed_duplicate_and_stale_and_acks_after_training(server):
+def test_batch_source_drops_malformed_duplicate_and_stale_and_acks_after_training(server, caplog):
+    caplog.set_level(logging.INFO, logger="ludic_fast.distributed.pipeline")
     keys = PipelineKeys("t1")
     client = redis.Redis.from_url(server.url)
     prod = PipelineProducer(server.url, keys=keys, actor_id="A")
@@ -135,6 +137,9 @@ def test_batch_source_drops_malformed_duplicate_and_stale_and_acks_after_trainin
     assert [i.meta["item_id"] for i in batch.items] == ["dup", *ids]
     assert src.counters == {"received": 7, "malformed": 2, "duplicates": 1, "stale": 1, "delivered": 3}
     assert batch.meta["num_samples"] == 3 and batch.meta["pipeline_malformed"] == 2
+    logged = [r.getMessage() for r in caplog.records]
+    assert sum("malformed" in m for m in logged) == 2 and sum("duplicate" in m for m in logged) == 1
+    assert sum("stale" in m for m in logged) == 1
     # the delivered items stay pending until the next fetch; the dropped ones are gone
     assert client.xpending(keys.stream, keys.group)["pending"] == 3
     assert client.xlen(keys.stream) == 3
