@@ -313,7 +313,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _wait(cond, what: str, timeout: float = 60.0) -> None:
+def _wait(cond, what: str, timeout: float = 150.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
