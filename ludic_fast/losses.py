@@ -141,14 +141,14 @@ class HeadLoss:
             )
             loss, stats = self.objective(out.logprobs, out.entropy, tb, True)
             return loss, _detach(stats)
-        resolve_backend(backend, h.device)  # validates the name; the fused mode runs the torch kernels
         inv_t = per_token_temperature(temp, tb.n, h.device).reciprocal()
         transform = HeadTransform(float(logit_scale), None if softcap is None else float(softcap), inv_t)
 
         def objective(lp: Tensor, H: Tensor | None, rows: slice | None) -> Tensor:
             return self.objective(lp, H, tb if rows is None else tb.subset(rows), False)[0]
 
-        plan = FusedPlan(transform, objective, self.coupled, self.needs_entropy, chunk_elements)
+        impl = resolve_backend(backend, h.device)
+        plan = FusedPlan(transform, objective, self.coupled, self.needs_entropy, chunk_elements, impl)
         loss, lp, H = fused_head_loss(h, weight, bias, tb.targets, plan)
         with torch.no_grad():
             _, stats = self.objective(lp, H, tb, True)

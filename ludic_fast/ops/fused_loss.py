@@ -18,6 +18,10 @@ gradients (6NDV): 8NDV in all. When fewer than 16 whole vocabulary rows fit in t
 vocabulary is sliced and the token-local path needs a statistics sweep first (8NDV as well).
 
 No path allocates [N, V]: transient memory is a few chunks of `chunk_plan(N, V, chunk_elements)`.
+
+Backends: 'torch' (any device: chunk GEMM, then an in-place epilogue with one exp per logit) and 'triton'
+(the workspace strategy of `ludic_fast.ops.triton_head`: GEMM into a workspace, the Triton row kernel for
+statistics and d(raw), GEMMs for dh, dW). A sliced vocabulary always runs the torch chunk code.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class FusedPlan:
     coupled: bool
     with_entropy: bool
     chunk_elements: int | None = None
+    backend: str = "torch"  # 'torch' or 'triton' (CUDA, or CPU under TRITON_INTERPRET=1)
 
 
 class _RowEpilogue:
@@ -87,6 +92,83 @@ class _RowEpilogue:
         return z.scatter_add_(1, self.tgt, (g_lp * row_scale)[:, None])
 
 
+class _TorchRows:
+    """One token chunk on the torch backend, whole vocabulary rows: one GEMM, then `_RowEpilogue`."""
+
+    def __init__(self, head: ChunkedHead, plan: FusedPlan, rows: slice):
+        self.head, self.plan, self.rows, self.cols = head, plan, rows, slice(0, head.V)
+        self.h_c = head.h_rows(rows)
+        self.softcap = plan.transform.softcap is not None
+        self.z = head.logits(self.h_c, rows, self.cols)
+        self.epi = _RowEpilogue(self.z, head.targets[rows], keep_logits=plan.with_entropy or self.softcap)
+
+    def stats(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.epi.stats()
+
+    def backward_(self, lse, ez, g_lp, g_H, dh, dW, db) -> None:
+        if self.softcap:  # the softcap chain factor needs the final logits: ChunkedHead's general form
+            d_raw = self.head.grad_raw_(self.z, self.rows, self.cols, lse, ez, g_lp, g_H)
+        else:
+            t = self.plan.transform
+            d_raw = self.epi.grad_(lse, ez, g_lp, g_H, t.inv_temperature[self.rows].to(lse.dtype) * t.logit_scale)
+        self.head.accumulate_(d_raw, self.h_c, self.rows, self.cols, dh, dW, db)
+
+
+class _TorchSlices:
+    """One token chunk when fewer than 16 whole rows fit the budget: vocabulary slices, logits recomputed."""
+
+    def __init__(self, head: ChunkedHead, plan: FusedPlan, rows: slice):
+        self.head, self.plan, self.rows = head, plan, rows
+        self.h_c = head.h_rows(rows)
+
+    def stats(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.head.stats(self.h_c, self.rows, self.plan.with_entropy)
+
+    def backward_(self, lse, ez, g_lp, g_H, dh, dW, db) -> None:
+        for cols in self.head.col_slices():
+            z = self.head.logits(self.h_c, self.rows, cols)
+            d_raw = self.head.grad_raw_(z, self.rows, cols, lse, ez, g_lp, g_H)
+            self.head.accumulate_(d_raw, self.h_c, self.rows, cols, dh, dW, db)
+
+
+def _mm_f32(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b with an fp32 result; low-precision CUDA operands stay low precision (tensor cores)."""
+    if a.is_cuda and a.dtype != torch.float32:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
+class _TritonRows:
+    """One token chunk on the triton backend: a cuBLAS GEMM writes raw logits into a workspace, the Triton
+    row kernel (`triton_head.workspace_head_rows_`) forms statistics, then d(raw) in place."""
+
+    def __init__(self, head: ChunkedHead, plan: FusedPlan, rows: slice):
+        self.head, self.plan, self.rows = head, plan, rows
+        self.h_c = head.h_rows(rows)
+        self.w = head.weight.to(head.compute_dtype)
+        self.ws = _mm_f32(self.h_c, self.w.T)
+        t = plan.transform
+        self.kw = {"bias": head.bias, "logit_scale": t.logit_scale, "softcap": t.softcap, "ignore_index": -100}
+        self.tgt, self.inv_t = head.targets[rows], t.inv_temperature[rows]
+
+    def stats(self) -> tuple[Tensor, Tensor, Tensor]:
+        from ludic_fast.ops.triton_head import workspace_head_rows_
+
+        return workspace_head_rows_(self.ws, self.tgt, self.inv_t, entropy=self.plan.with_entropy, **self.kw)
+
+    def backward_(self, lse, ez, g_lp, g_H, dh, dW, db) -> None:
+        from ludic_fast.ops.triton_head import workspace_head_rows_
+
+        workspace_head_rows_(self.ws, self.tgt, self.inv_t, entropy=g_H is not None, lse=lse, ez=ez, g_lp=g_lp,
+                             g_H=g_H, **self.kw)
+        if db is not None:
+            db += self.ws.sum(0)
+        d_lo = self.ws.to(self.h_c.dtype)
+        dh[self.rows] += _mm_f32(d_lo, self.w)
+        if dW is not None:
+            dW += _mm_f32(d_lo.T, self.h_c)
+
+
 def _token_grads(objective: Objective, lp: Tensor, H: Tensor | None, rows: slice | None):
     """(dL/dlp, dL/dH or None) of the objective at (lp, H), by autograd on O(n) vectors."""
     with torch.enable_grad():
@@ -116,7 +198,10 @@ class FusedLossFunction(torch.autograd.Function):
         dh = torch.zeros(n, hidden.shape[1], **acc)
         dW = torch.zeros(weight.shape, **acc) if need_w else None
         db = torch.zeros(V, **acc) if (need_b and bias is not None) else None
-        whole_rows = head.v_chunk >= V
+        if head.v_chunk < V:
+            chunk_cls = _TorchSlices
+        else:
+            chunk_cls = _TritonRows if plan.backend == "triton" else _TorchRows
 
         def set_stats(rows: slice, stats: tuple[Tensor, Tensor, Tensor]) -> None:
             lse[rows], ez[rows] = stats[0], stats[1]
@@ -126,40 +211,17 @@ class FusedLossFunction(torch.autograd.Function):
 
         if plan.coupled:  # pass 1: statistics of every token, then all per-token gradients at once
             for rows in head.row_chunks():
-                set_stats(rows, head.stats(head.h_rows(rows), rows, plan.with_entropy))
+                set_stats(rows, chunk_cls(head, plan, rows).stats())
             g_lp, g_H = _token_grads(plan.objective, lp, H, None)
-
-        def chunk_grads(rows: slice) -> tuple[Tensor, Tensor | None]:
-            if plan.coupled:
-                return g_lp[rows], None if g_H is None else g_H[rows]
-            return _token_grads(plan.objective, lp[rows], None if H is None else H[rows], rows)
-
-        softcap = plan.transform.softcap is not None
         for rows in head.row_chunks():
-            h_c = head.h_rows(rows)
-            if whole_rows:  # one GEMM per chunk, then the in-place epilogue
-                all_cols = slice(0, V)
-                z = head.logits(h_c, rows, all_cols)
-                epi = _RowEpilogue(z, head.targets[rows], keep_logits=plan.with_entropy or softcap)
-                if not plan.coupled:
-                    set_stats(rows, epi.stats())
-                g_lp_c, g_H_c = chunk_grads(rows)
-                if softcap:  # the softcap chain factor needs the final logits: ChunkedHead's general form
-                    d_raw = head.grad_raw_(z, rows, all_cols, lse[rows], ez[rows], g_lp_c, g_H_c)
-                else:
-                    row_scale = plan.transform.inv_temperature[rows].to(head.acc) * plan.transform.logit_scale
-                    d_raw = epi.grad_(lse[rows], ez[rows], g_lp_c, g_H_c, row_scale)
-                head.accumulate_(d_raw, h_c, rows, all_cols, dh, dW, db)
-                del z, epi, d_raw
-                continue
-            if not plan.coupled:
-                set_stats(rows, head.stats(h_c, rows, plan.with_entropy))
-            g_lp_c, g_H_c = chunk_grads(rows)
-            for cols in head.col_slices():
-                z = head.logits(h_c, rows, cols)
-                d_raw = head.grad_raw_(z, rows, cols, lse[rows], ez[rows], g_lp_c, g_H_c)
-                head.accumulate_(d_raw, h_c, rows, cols, dh, dW, db)
-                del z, d_raw
+            chunk = chunk_cls(head, plan, rows)
+            if plan.coupled:
+                g_lp_c, g_H_c = g_lp[rows], None if g_H is None else g_H[rows]
+            else:
+                set_stats(rows, chunk.stats())
+                g_lp_c, g_H_c = _token_grads(plan.objective, lp[rows], None if H is None else H[rows], rows)
+            chunk.backward_(lse[rows], ez[rows], g_lp_c, g_H_c, dh, dW, db)
+            del chunk
         loss = _value(plan.objective, lp, H)
         ctx.save_for_backward(dh if need_h else None, dW, db)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
