@@ -190,6 +190,21 @@ def test_entries_delivered_by_a_read_whose_reply_was_lost_are_not_lost(server):
 
 
 @needs_server
+def test_learner_survives_redis_losing_its_data(server):
+    keys = PipelineKeys("t5")
+    src = PipelineBatchSource(server.url, keys=keys, batch_size=2, block_ms=50)
+    prod = PipelineProducer(server.url, keys=keys, actor_id="A")
+    prod.push(_item(0), 0)
+    prod.push(_item(9), 0)
+    assert [i.meta["item_id"] for i in src.next_batch_sync().items] == ["A:0", "A:1"]
+    redis.Redis.from_url(server.url).flushall()  # as a restart without persistence would
+    prod.push(_item(1), 0)  # recreates the stream, but not the consumer group
+    prod.push(_item(2), 0)
+    ids = [i.meta["item_id"] for i in src.next_batch_sync().items]
+    assert ids == ["A:2", "A:3"], ids  # the group is recreated from the stream's start; nothing raised
+
+
+@needs_server
 def test_weights_roundtrip_in_parts_and_versions(server):
     keys = PipelineKeys("t3")
     model = torch.nn.Linear(5, 3)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import redis
 
 from ludic_fast.distributed.redis_conn import ReconnectingRedis, ensure_group
 from ludic_fast.types import SAWBatch, SAWItem
@@ -249,10 +250,19 @@ class PipelineBatchSource:
         reconnects = self.conn.reconnects
         cursor = self._pending_cursor
         streams = {self.keys.stream: ">" if cursor is None else cursor}
-        reply = self.conn.call(
-            lambda c: c.xreadgroup(self.keys.group, self.consumer, streams, count=count, block=self.block_ms),
-            "XREADGROUP",
-        )
+        try:
+            reply = self.conn.call(
+                lambda c: c.xreadgroup(self.keys.group, self.consumer, streams, count=count, block=self.block_ms),
+                "XREADGROUP",
+            )
+        except redis.exceptions.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # Redis came back without its data (no persistence): whatever was queued is gone; start over
+            log.error("pipeline stream or consumer group %s is gone (Redis lost its data?); recreating it", self.keys)
+            ensure_group(self.conn, self.keys.stream, self.keys.group)
+            self._pending_cursor = b"0"
+            return []
         if self.conn.reconnects != reconnects:  # entries may have been delivered to us before the reply was lost
             self._pending_cursor = b"0"
             return []
