@@ -265,7 +265,8 @@ def plot_curves(
 ) -> Path:
     """PNG with two panels: reward (train, and eval when logged) and loss against step, one line per
     `phase` (records without a phase form one line); phases in `no_reward_phases` (SFT: no rollouts,
-    its logged reward is a placeholder 0) get no train-reward line. Returns the path."""
+    its logged reward is a placeholder 0) get no train-reward line; eval points are taken from the records
+    of the eval itself (`eval/step == step`), not from train records repeating them. Returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -277,6 +278,8 @@ def plot_curves(
         for key in (reward_key, loss_key, eval_key):
             if key == reward_key and phase in no_reward_phases:
                 continue
+            if key == eval_key and r.get("eval/step", r.get("step")) != r.get("step"):
+                continue  # a train record repeating the last eval's metrics
             value = r.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value) and "step" in r:
                 series.setdefault((key, phase), []).append((float(r["step"]), float(value)))
