@@ -2,8 +2,9 @@
 
     python examples/pipeline_rl/actor.py --redis-url redis://HOST:6379/0 --prefix run1 --actor-id a0 --seed 1
 
-Model, task, preset and sampling flags are those of `ludic-fast train` and must match the learner's. Give
-every actor its own --actor-id and --seed. Runs until interrupted (or --rounds batches). See
+Model, task, preset and sampling flags are those of `ludic-fast train` and must match the learner's;
+`--engine vllm` samples with an in-process vLLM (GPU) that loads each published version. Give every actor
+its own --actor-id and --seed. Runs until interrupted (or --rounds batches). See
 docs/distributed.md.
 """
 
@@ -17,8 +18,8 @@ from common import add_pipeline_args
 
 from ludic_fast.distributed.pipeline import PipelineKeys, PipelineProducer, run_pipeline_actor
 from ludic_fast.distributed.publish import RedisWeightSubscriber
-from ludic_fast.rollout import HFGenerateEngine, RolloutBatchSource, SamplingConfig
-from ludic_fast.train_cli import build_model_and_tokenizer, build_parser, build_task, make_algorithm
+from ludic_fast.rollout import RolloutBatchSource, SamplingConfig
+from ludic_fast.train_cli import build_engine, build_model_and_tokenizer, build_parser, build_task, make_algorithm
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,8 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     model, tok = build_model_and_tokenizer(args)  # the architecture; the weights come from the learner
-    model.to(args.device)
-    engine = HFGenerateEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    engine = build_engine(args, model.to(args.device), tok)  # --engine hf (transformers generate) or vllm
     algo = make_algorithm(args)
     rollouts = RolloutBatchSource(
         engine=engine,
