@@ -27,7 +27,7 @@ def build_tiny_model(
     seed: int = 0,
     **overrides: Any,
 ) -> LlamaForCausalLM:
-    """`LlamaForCausalLM(LlamaConfig(**TINY_MODEL_DEFAULTS | overrides))`, initialised under `torch.manual_seed(seed)`."""
+    """`LlamaForCausalLM(LlamaConfig(**(TINY_MODEL_DEFAULTS | overrides)))`, initialised under manual_seed(seed)."""
     if vocab_size < 1:
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
     cfg = LlamaConfig(
