@@ -22,14 +22,14 @@ from ludic_fast.ops.triton_head import fused_splits, grad_blocks  # noqa: E402
 
 
 def compile_report() -> None:
-    print(f"{'kernel':<12} {'arch':<6} {'regs':>5} {'stack':>6} {'local':>6} {'spill st/ld':>12} "
+    print(f"{'kernel':<16} {'arch':<6} {'regs':>5} {'stack':>6} {'local':>6} {'spill st/ld':>12} "
           f"{'shared':>8} {'wgmma':>6}  config")
     for spec in SPECS:
         for arch in ARCHS:
             u = resource_usage(compile_spec(spec, arch), arch)
             blocks = {k: v for k, v in spec.constexprs.items() if k.startswith(("BLOCK", "ROWS"))}
             wgmma = ("yes" if u["wgmma"] else "no") if arch >= 90 else "-"
-            print(f"{spec.name:<12} sm_{arch:<3} {u['regs']:>5} {u['stack']:>6} {u['local']:>6} "
+            print(f"{spec.name:<16} sm_{arch:<3} {u['regs']:>5} {u['stack']:>6} {u['local']:>6} "
                   f"{u['spill_stores']:>5}/{u['spill_loads']:<6} {u['shared']:>8} {wgmma:>6}  {blocks} {spec.options}")
 
 
@@ -42,13 +42,14 @@ def cost_model(n: int, d: int, v: int, elem: int = 2, budget: int = DEFAULT_CHUN
     hb, wb = n * d * elem, v * d * elem
     rows = []
     # fused forward: grid (N/BM token tiles) x (S vocab splits); h re-read per split, W once per split set
-    s, _ = fused_splits(n, v)
-    w_rereads = (math.ceil(n / head_fwd.BLOCK_M) - 1) * wb
+    s, _ = fused_splits(n, v, elem)
+    fwd_cfg, bwd_cfg = head_fwd.CONFIGS[elem], head_bwd.CONFIGS[elem]
+    w_rereads = (math.ceil(n / fwd_cfg["BLOCK_M"]) - 1) * wb
     rows.append(("fused", "fwd", 2 * ndv, wb + s * hb + 2 * 4 * s * n * 4 + 4 * n * 4,
                  f"{s} vocab splits; W re-read per token tile if L2 misses: +{w_rereads / 1e9:.0f} GB"))
     # fused backward: recompute + two gradient products per (BM x BN) tile, fp32 atomics into dh and dW
-    dh_atomic = math.ceil(v / head_bwd.BLOCK_N) * n * d * 4
-    dw_atomic = math.ceil(n / head_bwd.BLOCK_M) * v * d * 4
+    dh_atomic = math.ceil(v / bwd_cfg["BLOCK_N"]) * n * d * 4
+    dw_atomic = math.ceil(n / bwd_cfg["BLOCK_M"]) * v * d * 4
     rows.append(("fused", "bwd", 6 * ndv, 2 * (hb + wb) + dh_atomic + dw_atomic + (n * d + v * d) * (4 + elem),
                  f"atomics dh {dh_atomic / 1e9:.0f} GB + dW {dw_atomic / 1e9:.0f} GB"))
     # workspace forward: chunks of whole vocab rows; cuBLAS streams W once per chunk; fp32 ws written + read

@@ -1,10 +1,11 @@
 """Ahead-of-time compilation of every kernel at its default launch configuration, without a GPU.
 
-`SPECS` names each kernel with representative constexprs (bf16 inputs, every optional feature on, so the
-largest variant is checked); `compile_spec(spec, arch)` runs `triton.compile` for a CUDA `GPUTarget`
-(arch 80 -> sm_80, 90 -> sm_90a); `resource_usage` reads registers / stack / local memory (spills) from
-`cuobjdump --dump-resource-usage` and spill bytes from `ptxas -v` (the ptxas triton itself uses for
-that arch), both shipped in triton's backends/nvidia/bin.
+`SPECS` names each kernel with representative constexprs (every optional feature on, so the largest
+variant is checked; the tl.dot kernels once per default config: bf16 and fp32 inputs).
+`compile_spec(spec, arch)` runs `triton.compile` for a CUDA `GPUTarget` (80 -> sm_80, 90 -> sm_90a).
+`resource_usage` reads registers / stack / local memory from `cuobjdump --dump-resource-usage` and spill
+bytes from `ptxas -v` (the ptxas triton itself uses for that arch), both shipped in triton's
+backends/nvidia/bin.
 """
 
 from __future__ import annotations
@@ -32,30 +33,38 @@ class KernelSpec(NamedTuple):
     pointer_types: dict[str, str]  # pointer argument -> "*bf16" etc. (others default to *fp32)
     constexprs: dict[str, Any]
     options: dict[str, int]
-    uses_dot: bool
+    tensor_cores: bool  # tl.dot on bf16/fp16 operands: mma.sync on sm_80, wgmma on sm_90
 
 
 _TRANSFORM = {"SCALE": 1.0, "HAS_SOFTCAP": True, "SOFTCAP": 30.0}
-_BF16_IO = {"h_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "tgt_ptr": "*i32"}
+_DOT_DTYPES = {2: ("bf16", "tf32"), 4: ("fp32", "ieee")}  # element size -> (pointer dtype, tl.dot precision)
+
+
+def _split(config: dict) -> tuple[dict, dict]:
+    """A launch config -> (BLOCK_* constexprs, compile options)."""
+    opts = ("num_warps", "num_stages")
+    return {k: v for k, v in config.items() if k not in opts}, {k: v for k, v in config.items() if k in opts}
+
+
+def _dot_specs(name, fn, features, configs) -> list[KernelSpec]:
+    specs = []
+    for elem, config in configs.items():
+        dtype, precision = _DOT_DTYPES[elem]
+        blocks, options = _split(config)
+        io = {"h_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "tgt_ptr": "*i32"}
+        constexprs = {"HAS_BIAS": True, **_TRANSFORM, **features, "UPCAST": False, "PRECISION": precision, **blocks}
+        specs.append(KernelSpec(f"{name}[{dtype}]", fn, io, constexprs, options, precision != "ieee"))
+    return specs
+
 
 SPECS = (
-    KernelSpec(
-        "head_fwd", head_fwd.head_fwd_kernel, _BF16_IO,
-        {"HAS_BIAS": True, **_TRANSFORM, "ENTROPY": True, "UPCAST": False, "PRECISION": "tf32",
-         "BLOCK_M": head_fwd.BLOCK_M, "BLOCK_N": head_fwd.BLOCK_N, "BLOCK_K": head_fwd.BLOCK_K},
-        {"num_warps": head_fwd.NUM_WARPS, "num_stages": head_fwd.NUM_STAGES}, True,
-    ),
+    *_dot_specs("head_fwd", head_fwd.head_fwd_kernel, {"ENTROPY": True}, head_fwd.CONFIGS),
     KernelSpec(
         "head_merge", head_merge.head_merge_kernel, {"tgt_ptr": "*i32"},
         {"ENTROPY": True, "BLOCK": head_merge.BLOCK}, {"num_warps": head_merge.NUM_WARPS}, False,
     ),
-    KernelSpec(
-        "head_bwd", head_bwd.head_bwd_kernel, _BF16_IO,
-        {"HAS_BIAS": True, **_TRANSFORM, "HAS_GH": True, "NEED_DH": True, "NEED_DW": True, "NEED_DB": True,
-         "UPCAST": False, "PRECISION": "tf32",
-         "BLOCK_M": head_bwd.BLOCK_M, "BLOCK_N": head_bwd.BLOCK_N, "BLOCK_K": head_bwd.BLOCK_K},
-        {"num_warps": head_bwd.NUM_WARPS, "num_stages": head_bwd.NUM_STAGES}, True,
-    ),
+    *_dot_specs("head_bwd", head_bwd.head_bwd_kernel,
+                {"HAS_GH": True, "NEED_DH": True, "NEED_DW": True, "NEED_DB": True}, head_bwd.CONFIGS),
     KernelSpec(
         "head_rows", head_rows.head_rows_kernel, {"ws_ptr": "*fp32", "b_ptr": "*bf16", "tgt_ptr": "*i32"},
         {"HAS_BIAS": True, **_TRANSFORM, "ENTROPY": True, "STATS": True, "GRAD": True, "HAS_GH": True,

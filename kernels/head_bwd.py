@@ -19,7 +19,11 @@ import triton.language as tl
 from ._logit_math import final_logits, logit_grad, raw_grad
 from .head_fwd import dot_tile
 
-BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 64, 128, 32, 8, 2
+#: Default launch configuration per input element size (see head_fwd.CONFIGS); spill-free on sm_80/sm_90.
+CONFIGS = {
+    2: {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 2},
+    4: {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2},
+}
 
 
 @triton.jit
@@ -85,14 +89,16 @@ def head_bwd_kernel(
 
 
 def launch_head_bwd(h, w, b, tgt, inv_t, lse, ez, g_lp, g_h, dh, dw, db, *, scale, softcap, upcast, precision,
-                    block_m=BLOCK_M, block_n=BLOCK_N, block_k=BLOCK_K, num_warps=NUM_WARPS, num_stages=NUM_STAGES):
+                    config=None):
     """Accumulate into the fp32 contiguous buffers dh [N, D], dw [V, D], db [V] (each may be None).
 
-    g_lp fp32 [N] contiguous; g_h fp32 [N] or None (no entropy gradient); tgt int32, -1 = ignored."""
+    g_lp fp32 [N] contiguous; g_h fp32 [N] or None (no entropy gradient); tgt int32, -1 = ignored;
+    config defaults to CONFIGS[h.element_size()]."""
+    config = config or CONFIGS[h.element_size()]
     N, D = h.shape
     V = w.shape[0]
     any_buf = next(x for x in (dh, dw, db, lse) if x is not None)
-    grid = (triton.cdiv(N, block_m), triton.cdiv(V, block_n))
+    grid = (triton.cdiv(N, config["BLOCK_M"]), triton.cdiv(V, config["BLOCK_N"]))
     head_bwd_kernel[grid](
         h, w, b if b is not None else lse, tgt, inv_t, lse, ez, g_lp, g_h if g_h is not None else g_lp,
         dh if dh is not None else any_buf, dw if dw is not None else any_buf, db if db is not None else any_buf,
@@ -100,6 +106,5 @@ def launch_head_bwd(h, w, b, tgt, inv_t, lse, ez, g_lp, g_h, dh, dw, db, *, scal
         HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
         SOFTCAP=1.0 if softcap is None else softcap, HAS_GH=g_h is not None,
         NEED_DH=dh is not None, NEED_DW=dw is not None, NEED_DB=db is not None,
-        UPCAST=upcast, PRECISION=precision,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        UPCAST=upcast, PRECISION=precision, **config,
     )

@@ -14,8 +14,12 @@ import triton.language as tl
 
 from ._logit_math import final_logits
 
-#: Default launch configuration (also used by the AOT compile check).
-BLOCK_M, BLOCK_N, BLOCK_K, NUM_WARPS, NUM_STAGES = 128, 128, 32, 8, 4
+#: Default launch configuration per input element size (2: bf16/fp16 tensor cores; 4: fp32, exact "ieee"
+#: FMA dots, smaller tiles), chosen spill-free on sm_80/sm_90 by `bench/kernel_report.py`.
+CONFIGS = {
+    2: {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
+    4: {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 3},
+}
 
 
 @triton.jit
@@ -84,16 +88,18 @@ def head_fwd_kernel(
 
 
 def launch_head_fwd(h, w, b, tgt, inv_t, part, blocks_per_split, *, scale, softcap, entropy, upcast, precision,
-                    block_m=BLOCK_M, block_n=BLOCK_N, block_k=BLOCK_K, num_warps=NUM_WARPS, num_stages=NUM_STAGES):
-    """part: fp32 [4, splits, N] (written). tgt int32 with -1 for ignored rows; inv_t fp32 [N]."""
+                    config=None):
+    """part: fp32 [4, splits, N] (written); each split covers `blocks_per_split` BLOCK_N-wide vocab blocks.
+    tgt int32 with -1 for ignored rows; inv_t fp32 [N]; config defaults to CONFIGS[h.element_size()]."""
+    config = config or CONFIGS[h.element_size()]
     N, D = h.shape
     V = w.shape[0]
     splits = part.shape[1]
-    grid = (triton.cdiv(N, block_m), splits)
+    grid = (triton.cdiv(N, config["BLOCK_M"]), splits)
     head_fwd_kernel[grid](
         h, w, b if b is not None else inv_t, tgt, inv_t, part,
         N, V, D, h.stride(0), h.stride(1), w.stride(0), w.stride(1), blocks_per_split,
         HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
         SOFTCAP=1.0 if softcap is None else softcap, ENTROPY=entropy, UPCAST=upcast, PRECISION=precision,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        **config,
     )

@@ -28,8 +28,7 @@ import torch
 from torch import Tensor
 
 from ludic_fast.kernels.head_bwd import launch_head_bwd
-from ludic_fast.kernels.head_fwd import BLOCK_M as FWD_BLOCK_M
-from ludic_fast.kernels.head_fwd import BLOCK_N as FWD_BLOCK_N
+from ludic_fast.kernels.head_fwd import CONFIGS as FWD_CONFIGS
 from ludic_fast.kernels.head_fwd import launch_head_fwd
 from ludic_fast.kernels.head_merge import launch_head_merge
 from ludic_fast.kernels.head_rows import launch_head_rows
@@ -172,11 +171,12 @@ def grad_blocks(n: int, v: int, budget: int) -> tuple[int, int]:
     return max(1, budget // cols), cols
 
 
-def fused_splits(n: int, v: int) -> tuple[int, int]:
-    """(vocab splits, vocab blocks per split) of the fused forward grid: about `_TARGET_PROGRAMS` programs
-    (token tiles x splits) to fill the GPU; every split starts inside the vocabulary."""
-    row_tiles = -(-n // FWD_BLOCK_M)
-    vocab_blocks = -(-v // FWD_BLOCK_N)
+def fused_splits(n: int, v: int, elem_size: int = 2) -> tuple[int, int]:
+    """(vocab splits, vocab blocks per split) of the fused forward grid for inputs of `elem_size` bytes: about
+    `_TARGET_PROGRAMS` programs (token tiles x splits) to fill the GPU; every split starts inside the vocabulary."""
+    config = FWD_CONFIGS[elem_size]
+    row_tiles = -(-n // config["BLOCK_M"])
+    vocab_blocks = -(-v // config["BLOCK_N"])
     per_split = -(-vocab_blocks // max(1, min(vocab_blocks, _TARGET_PROGRAMS // row_tiles)))
     return -(-vocab_blocks // per_split), per_split
 
@@ -223,7 +223,7 @@ class FusedHeadFunction(_HeadFunctionBase):
         out = [torch.zeros(n, **f32) for _ in range(4)]
         if n == 0:
             return out
-        splits, per_split = fused_splits(n, v)
+        splits, per_split = fused_splits(n, v, h.element_size())
         part = torch.empty(4, splits, n, **f32)
         launch_head_fwd(h, w, b, tgt, inv_t, part, per_split, scale=cfg.scale, softcap=cfg.softcap,
                         entropy=with_entropy, upcast=cfg.upcast, precision=cfg.precision)

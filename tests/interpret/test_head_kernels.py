@@ -164,7 +164,7 @@ def test_grid_and_chunk_plans(strategy, n, v, chunk_elements, target_programs, m
 
     if target_programs is not None:
         monkeypatch.setattr(triton_head, "_TARGET_PROGRAMS", target_programs)
-        assert triton_head.fused_splits(n, v) == (4, 9)
+        assert triton_head.fused_splits(n, v, 4) == (4, 9)
     case = Case("fp32", torch.float32, n, v, 40, "per-token", softcap=5.0, bias=True, ignore=True)
     hidden, weight, bias, targets, temperature, g_lp, g_h = _inputs(case, seed=7)
     leaves = [x.clone().to(DEVICE).requires_grad_() for x in (hidden, weight, bias)]
