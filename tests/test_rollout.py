@@ -199,3 +199,24 @@ def test_tasks(tmp_path):
     assert len(emb.samples) == 80 and emb.eval_samples == emb.samples
     held = embedded_default_task(held_out_eval=True)
     assert not {s["prompt"] for s in held.eval_samples} & {s["prompt"] for s in held.samples}
+
+
+def test_embedded_tokenizer_model_and_task(tmp_path):
+    from ludic_fast.embedded import AdditionTask, build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    ids = tok("12+ab=")["input_ids"]
+    assert len(ids) == 6 and tok.decode(ids) == "12+ab=" and tok.pad_token_id == 0 and tok.eos_token_id == 2
+    tok.save_pretrained(tmp_path)  # a real transformers tokenizer: saveable, reloadable
+    with pytest.raises(ValueError, match="repeat"):
+        build_char_tokenizer("aa")
+    a, b = build_tiny_model(len(tok), seed=4), build_tiny_model(len(tok), seed=4)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    task = AdditionTask(max_operand=9, seed=1)
+    train, held = task.samples("train", 80), task.samples("eval", 20)
+    assert not {s["prompt"] for s in train} & {s["prompt"] for s in held}
+    assert all(int(s["answer"]) == sum(map(int, s["prompt"].rstrip("=").split("+"))) for s in train)
+    with pytest.raises(ValueError, match="only"):
+        task.samples("train", 81)
+    with pytest.raises(ValueError, match="split"):
+        task.samples("test", 1)
