@@ -61,19 +61,6 @@ class _Source:
         return SAWBatch(items=list(self.items), meta={"target_rollouts": len(self.items)})
 
 
-class _Forwarding(nn.Module):
-    """A `.module` wrapper: `integrations.transformers.call_in_forward` then redirects the causal LM's forward
-    and calls this, so FSDP2's pre-forward unshard runs around the fused head (see the report: a bare FSDP2
-    module is not redirected by call_in_forward yet)."""
-
-    def __init__(self, module: nn.Module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, **inputs):
-        return self.module(**inputs)
-
-
 def _model() -> nn.Module:
     return build_tiny_model(V, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                             num_key_value_heads=2, seed=0)
@@ -111,7 +98,7 @@ def _check_step(rank: int, world: int, mode: str, single: nn.Module, ref_stats: 
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
-        wrapped = _Forwarding(model)
+        wrapped = model  # bare FSDP2 module: call_in_forward goes through its hooks
     capture = _Capture()
     stats = _step(wrapped, _items(rank), reduce_stats=True, publisher=Rank0Publisher(capture))
 

@@ -262,12 +262,11 @@ def call_in_forward(model: nn.Module, fn: Callable[..., Any], /, **inputs: Any) 
     their work around the inner module's forward: DDP prepares its gradient reduction, FSDP unshards the
     root's parameters, ZeRO-3 arms its backward hooks. A fused head that reads the head weight directly must
     therefore run inside that forward; this temporarily replaces `lm.forward` (an instance attribute, e.g.
-    TRL's patched forward, is restored afterwards) and calls the wrapper. Without a wrapper `fn` is called
-    directly. Whatever `fn` returns passes through the wrappers unchanged.
+    TRL's patched forward, is restored afterwards) and calls `model(**inputs)`. A bare model goes the same
+    way: FSDP2's `fully_shard` hooks sit on the model itself. Whatever `fn` returns passes through the
+    wrappers unchanged.
     """
     lm = unwrap_model(model)
-    if lm is model:
-        return fn(lm, **inputs)
     saved = lm.__dict__.get("forward")
 
     def restore() -> None:
