@@ -127,3 +127,17 @@ def test_resume_continues_exactly(tmp_path):
     assert again == losses[2:]
     for (n, a), (_, b) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(a, b), n
+
+
+def test_tied_embeddings_round_trip(tmp_path):
+    from _trainer_fixtures import SMALL, TOKENIZER
+
+    from ludic_fast.embedded import build_tiny_model
+
+    model = build_tiny_model(len(TOKENIZER), tie_word_embeddings=True, **SMALL)
+    mgr = CheckpointManager(CheckpointConfig(str(tmp_path)))
+    mgr.save(model, None, step=1)
+    fresh = build_tiny_model(len(TOKENIZER), seed=5, tie_word_embeddings=True, **SMALL)
+    mgr.load(fresh)
+    assert torch.equal(fresh.lm_head.weight, model.lm_head.weight)
+    assert fresh.lm_head.weight is fresh.model.embed_tokens.weight
