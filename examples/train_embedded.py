@@ -1,6 +1,6 @@
 """The embedded default, assembled by hand: SFT warm-up then CISPO RL on the built-in addition task (CPU).
 
-    python examples/train_embedded.py --sft-steps 40 --rl-steps 100
+    python examples/train_embedded.py --sft-steps 40 --rl-steps 80
 
 This is what `ludic-fast demo` runs, written out with the library's pieces so each can be swapped:
 the model (any transformers causal LM), the task (`PromptAnswerTask.from_jsonl`), the preset
@@ -31,7 +31,7 @@ from ludic_fast.trainer import Trainer, TrainerConfig
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--sft-steps", type=int, default=40)
-    p.add_argument("--rl-steps", type=int, default=100)
+    p.add_argument("--rl-steps", type=int, default=80)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.manual_seed(args.seed)
@@ -63,7 +63,7 @@ def main() -> None:
     rl = Trainer(
         model=model, algo=algo, batch_source=source, publisher=engine, evaluator=evaluator,
         cfg=TrainerConfig(model_device="cpu", pad_token_id=tok, lr=1e-3, weight_decay=0.0, temperature=1.0,
-                          max_seq_len=64, micro_token_budget=4096, eval_every_n_steps=25, eval_at_start=True),
+                          max_seq_len=64, micro_token_budget=4096, eval_every_n_steps=20, eval_at_start=True),
         train_logger=PrintLogger(prefix="[rl]", keys=["train/avg_total_reward", "train/loss", "eval/reward"]),
         reducers=default_reducers(),
     )
