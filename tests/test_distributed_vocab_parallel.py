@@ -79,7 +79,8 @@ def _check_bf16(rank: int, world: int) -> None:
     ref = linear_logprobs(h_ref, w_ref, targets, backend="torch")
     (ref.logprobs.sum() + ref.entropy.sum()).backward()
     h, w = hidden.clone().requires_grad_(), weight[start:stop].clone().requires_grad_()
-    out = vocab_parallel_linear_logprobs(h, w, targets, process_group=None, vocab_start=start, vocab_size=V)
+    # the public op routes a sharded call; vocab_size is summed over the group
+    out = linear_logprobs(h, w, targets, process_group=dist.group.WORLD, vocab_start=start)
     (out.logprobs.sum() + out.entropy.sum()).backward()
     _close(out.logprobs, ref.logprobs, "bf16 logprobs")
     _close(out.entropy, ref.entropy, "bf16 entropy")

@@ -47,6 +47,10 @@ def linear_logprobs(
     ignore_index: int = -100,
     backend: str = "auto",
     chunk_elements: int | None = None,
+    process_group: object | None = None,
+    vocab_start: int | None = None,
+    vocab_size: int | None = None,
+    reduce_grad_hidden: bool = True,
 ) -> HeadOutput:
     """Per-token log p(y) and entropy of `z = softcap(logit_scale (h W^T + b)) / T`, without [N, V] logits.
 
@@ -56,7 +60,17 @@ def linear_logprobs(
     hidden, weight and bias for any upstream gradients of logprobs and entropy:
     dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z). `chunk_elements` bounds tokens x vocab columns of
     one transient logits chunk (default `torch_head.DEFAULT_CHUNK_ELEMENTS`).
+
+    Vocab-parallel: with `process_group=pg, vocab_start=s`, `weight` holds rows `[s, s + V_local)` of the
+    global vocabulary (of `vocab_size` rows; summed over the group when None) and targets are global ids;
+    results equal the unsharded op (`ops.vocab_parallel`; torch backend, collective, generic mode).
     """
+    if process_group is not None or vocab_start is not None:
+        return _vocab_parallel(
+            hidden, weight, targets, process_group, vocab_start or 0, vocab_size, backend, reduce_grad_hidden,
+            bias=bias, logit_scale=logit_scale, softcap=softcap, temperature=temperature, entropy=entropy,
+            ignore_index=ignore_index, chunk_elements=chunk_elements,
+        )
     validate_head_inputs(hidden, weight, targets, bias, logit_scale, softcap, temperature, ignore_index)
     impl = resolve_backend(backend, hidden.device)
     out_shape = targets.shape
@@ -74,6 +88,26 @@ def linear_logprobs(
         )
     return HeadOutput(
         lp.reshape(out_shape), ent.reshape(out_shape) if entropy else None, lse.reshape(out_shape)
+    )
+
+
+def _vocab_parallel(hidden, weight, targets, group, vocab_start, vocab_size, backend, reduce_dh, **head_kwargs):
+    """Route a sharded-vocabulary call to `ops.vocab_parallel` (torch backend only)."""
+    import torch.distributed as dist
+
+    from ludic_fast.ops.vocab_parallel import vocab_parallel_linear_logprobs
+
+    if backend not in ("auto", "torch"):
+        raise ValueError(f"backend={backend!r}: the vocab-parallel head runs on the torch backend only")
+    if vocab_size is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("process_group: torch.distributed is not initialized (call init_process_group first)")
+        total = torch.tensor([weight.shape[0]], device=weight.device)
+        dist.all_reduce(total, group=group)
+        vocab_size = int(total)
+    return vocab_parallel_linear_logprobs(
+        hidden, weight, targets, process_group=group, vocab_start=vocab_start, vocab_size=vocab_size,
+        reduce_grad_hidden=reduce_dh, **head_kwargs,
     )
 
 

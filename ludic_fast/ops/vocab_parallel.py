@@ -1,0 +1,140 @@
+"""Vocab-parallel LM head: `weight` holds rows `[vocab_start, vocab_start + V_local)` of the global vocabulary.
+
+Every rank of `process_group` sees the same hidden states and global target ids and computes, with the torch
+backend's chunk machinery (`ChunkedHead`), the statistics of its own vocabulary rows:
+
+    lse_r = log sum_{v in r} e^{z_v},   ez_r = sum_{v in r} p^{(r)}_v z_v,   zy_r = z_y if y in r else 0
+
+Two all-reduces combine them into the statistics of the full vocabulary (MAX, then one SUM of a [3, N] tensor):
+
+    M = max_r lse_r,   S = sum_r e^{lse_r - M},   lse = M + log S
+    E_p z = sum_r e^{lse_r - M} ez_r / S,   z_y = sum_r zy_r
+    logprob = z_y - lse,   H = lse - E_p z
+
+Backward: each rank forms dz on its columns with the global (lse, E_p z),
+`dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z)`, so dW and db are complete for its rows and dh is the
+partial sum over its rows; `reduce_grad_hidden=True` all-reduces dh (SUM) so every rank gets the full gradient,
+`False` leaves the partial dh for the caller's own reduction (e.g. a sequence-parallel reduce-scatter).
+The upstream gradients must be the same on every rank (the loss is replicated), as in Megatron-style TP.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ludic_fast._common import HeadOutput, per_token_temperature, validate_head_inputs
+from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform, LinearLogprobsFunction
+
+
+def vocab_partition(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Rows `[start, stop)` of rank `rank` in an even split of `vocab_size` rows (the first ranks get the
+    remainder, one extra row each)."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must lie in [0, world_size), got rank={rank}, world_size={world_size}")
+    if vocab_size < world_size:
+        raise ValueError(f"vocab_size ({vocab_size}) must be >= world_size ({world_size})")
+    base, extra = divmod(vocab_size, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def _combine_stats(lse_r: Tensor, ez_r: Tensor, zy_r: Tensor, group) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-rank (lse, E_p z, target logit) of the local rows -> the same statistics of the whole vocabulary."""
+    m = lse_r.clone()
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    w = torch.exp(lse_r - m)
+    sums = torch.stack([w, w * ez_r, zy_r])
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
+    return m + torch.log(sums[0]), sums[1] / sums[0], sums[2]
+
+
+class VocabParallelLogprobsFunction(torch.autograd.Function):
+    """Generic mode over a vocab-sharded weight: forward keeps the global (lse, E_p z); backward is the torch
+    backend's (`LinearLogprobsFunction.backward`, recomputing the local logits chunk by chunk) on the local
+    rows, then the optional all-reduce of dh. `head_args = (transform, chunk_elements, ignore_sentinel)`."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, local_targets, head_args, with_entropy, group, reduce_dh):  # type: ignore[override]
+        head = ChunkedHead(hidden, weight, bias, local_targets, *head_args)
+        lse_r, ez_r, zy_r = (torch.empty(head.N, device=hidden.device, dtype=head.acc) for _ in range(3))
+        for rows in head.row_chunks():
+            lse_r[rows], ez_r[rows], zy_r[rows] = head.stats(head.h_rows(rows), rows, with_entropy)
+        lse, ez, zy = _combine_stats(lse_r, ez_r, zy_r, group)
+        valid = head.valid.to(head.acc)
+        logprobs = (zy - lse) * valid
+        entropy = (lse - ez) * valid if with_entropy else torch.zeros_like(lse)
+        # the saved layout and ctx fields are those LinearLogprobsFunction.backward reads
+        ctx.save_for_backward(hidden, weight, bias, local_targets, lse, ez)
+        ctx.head_args = head_args
+        ctx.with_entropy = with_entropy
+        ctx.group, ctx.reduce_dh = group, reduce_dh
+        ctx.mark_non_differentiable(lse)
+        return logprobs, entropy, lse
+
+    @staticmethod
+    def backward(ctx, g_lp, g_H, g_lse):  # type: ignore[override]
+        dh, dW, db, *_ = LinearLogprobsFunction.backward(ctx, g_lp, g_H, g_lse)
+        if dh is not None and ctx.reduce_dh:
+            full = dh.float() if dh.dtype in (torch.float16, torch.bfloat16) else dh
+            dist.all_reduce(full, op=dist.ReduceOp.SUM, group=ctx.group)
+            dh = full.to(dh.dtype)
+        return dh, dW, db, None, None, None, None, None
+
+
+def vocab_parallel_linear_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    process_group: dist.ProcessGroup | None,
+    vocab_start: int,
+    vocab_size: int,
+    bias: Tensor | None = None,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
+    temperature: float | Tensor = 1.0,
+    entropy: bool = True,
+    ignore_index: int = -100,
+    reduce_grad_hidden: bool = True,
+    chunk_elements: int | None = None,
+) -> HeadOutput:
+    """`ludic_fast.linear_logprobs` over a weight sharded by vocabulary rows across `process_group`.
+
+    `weight [V_local, D]` (and `bias [V_local]`) hold rows `[vocab_start, vocab_start + V_local)` of a
+    vocabulary of `vocab_size` rows; the ranks' row ranges must tile `[0, vocab_size)` exactly once
+    (`vocab_partition` gives an even split). `hidden [..., D]`, `targets [...]` (global ids) and `temperature`
+    are the same on every rank. Returns float32 `HeadOutput(logprobs, entropy, lse)`, identical on every rank
+    and equal to the unsharded op on the concatenated weight:
+    `z = softcap(logit_scale (h W^T + b)) / T`, `logprob = z_y - logsumexp(z)`, `H = -sum_v p_v log p_v`.
+
+    Gradients: weight/bias get the gradient of their own rows; hidden gets the full gradient when
+    `reduce_grad_hidden` (one all-reduce in backward), otherwise this rank's partial sum over its rows.
+    `process_group=None` means the default group. Collective: every rank must call it with the same shapes.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("process_group: torch.distributed is not initialized (call init_process_group first)")
+    if not isinstance(vocab_size, int) or not isinstance(vocab_start, int):
+        raise TypeError("vocab_start and vocab_size must be ints")
+    n_local = weight.shape[0] if isinstance(weight, Tensor) and weight.ndim == 2 else 0
+    if vocab_start < 0 or vocab_start + n_local > vocab_size:
+        raise ValueError(
+            f"vocab_start={vocab_start} with {n_local} local rows must lie inside [0, vocab_size={vocab_size})"
+        )
+    validate_head_inputs(
+        hidden, weight, targets, bias, logit_scale, softcap, temperature, ignore_index, vocab_size, vocab_start
+    )
+    out_shape = targets.shape
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    t1 = targets.reshape(-1)
+    valid = t1 != ignore_index
+    # local ids; ignored rows get a sentinel no valid id can map to (valid local ids lie in [-vocab_start, ...))
+    sentinel = -vocab_start - 1
+    local = torch.where(valid, t1.long() - vocab_start, torch.full_like(t1, sentinel, dtype=torch.long))
+    inv_t = per_token_temperature(temperature, t1.numel(), hidden.device).reciprocal()
+    transform = HeadTransform(float(logit_scale), None if softcap is None else float(softcap), inv_t)
+    lp, ent, lse = VocabParallelLogprobsFunction.apply(
+        h2, weight, bias, local, (transform, chunk_elements, sentinel), entropy, process_group, bool(reduce_grad_hidden)
+    )
+    return HeadOutput(lp.reshape(out_shape), ent.reshape(out_shape) if entropy else None, lse.reshape(out_shape))
