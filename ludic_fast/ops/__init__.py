@@ -81,7 +81,9 @@ def linear_logprobs(
     if impl == "triton":
         from ludic_fast.ops.triton_head import triton_linear_logprobs
 
-        lp, ent, lse = triton_linear_logprobs(h2, weight, bias, t1, transform, entropy, ignore_index)
+        lp, ent, lse = triton_linear_logprobs(
+            h2, weight, bias, t1, transform, entropy, ignore_index, chunk_elements=chunk_elements
+        )
     else:
         lp, ent, lse = LinearLogprobsFunction.apply(
             h2, weight, bias, t1, (transform, chunk_elements, ignore_index), entropy
