@@ -5,8 +5,8 @@ Defaults are the embedded default (`demo` is `train` with them): the tiny Llama 
 CPU; SFT (masked CE) on the task's train answers, then RL with the CISPO preset on groups sampled by
 transformers `generate`. Outputs under `--output-dir`: metrics.jsonl (every logged step, with `phase`),
 curves.png (reward and loss), summary.json (the RL reward curve's first/last-10 means), checkpoints
-under sft/ and rl/ when `--checkpoint-every` > 0. `--resume` continues the RL phase from rl/'s latest
-checkpoint (the SFT phase is skipped when one exists).
+under sft/ and rl/ when `--checkpoint-every` > 0. `--resume` continues from the latest checkpoint: the RL
+phase from rl/'s (the SFT phase is then skipped), else the SFT phase from sft/'s.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--output-dir", default="runs/demo")
     g.add_argument("--checkpoint-every", type=int, default=0)
     g.add_argument("--max-to-keep", type=int, default=2)
-    g.add_argument("--resume", action="store_true", help="continue the RL phase from output-dir/rl's latest checkpoint")
+    g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint (rl/, else sft/)")
     g.add_argument("--logger", default="auto", choices=["auto", "rich", "print", "none"])
     g.add_argument("--wandb", action="store_true")
     g.add_argument("--no-plot", action="store_true")
@@ -213,16 +213,19 @@ def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: Pr
             for s in task.samples
         ]
         source = OfflineBatchSource.from_chat(records, tok, batch_size=args.sft_batch_size, seed=args.seed)
+    ckpt = _checkpoint_config(args, "sft")
+    resume = args.resume and ckpt is not None and CheckpointManager(ckpt).resolve() is not None
     trainer = Trainer(
         model=model,
         algo=presets.make_sft(length_normalize=True),
         batch_source=source,
         cfg=_trainer_config(args, tok, lr=args.sft_lr, steps=args.sft_steps, sync=0),
-        checkpoint_config=_checkpoint_config(args, "sft"),
+        checkpoint_config=ckpt,
+        resume_from="latest" if resume else None,
         train_logger=logger,
         lora_config=_lora_config(args),
     )
-    trainer.train_sync(args.sft_steps)
+    trainer.train_sync(max(0, args.sft_steps - trainer.step_idx))
     return trainer.model
 
 
@@ -274,7 +277,7 @@ def run_rl(
         resume_from="latest" if resume else None,
         train_logger=logger,
         reducers=default_reducers(),
-        lora_config=_lora_config(args) if args.sft_steps == 0 and not resume else None,
+        lora_config=None if hasattr(model, "peft_config") else _lora_config(args),  # SFT may have wrapped it
     )
     trainer.train_sync(max(0, args.rl_steps - trainer.step_idx))
     return trainer

@@ -1,5 +1,5 @@
 """`ludic-fast train` / `demo`: a few-step run of the embedded default writes metrics, summary and the PNG;
-`--resume` continues the RL phase from its checkpoint; presets by name; bad flags."""
+`--resume` continues the RL phase from its checkpoint (LoRA adapters included); presets by name; bad flags."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ def test_demo_runs_and_writes_outputs(tmp_path, capsys):
     assert "RL reward: first-10 mean" in capsys.readouterr().out
 
 
-def test_train_resume_continues_rl_phase(tmp_path):
-    args = ["train", *FAST, "--output-dir", str(tmp_path), "--checkpoint-every", "1", "--no-plot", "--eval-every", "0"]
+def test_train_resume_continues_rl_phase_with_lora(tmp_path):
+    args = ["train", *FAST, "--output-dir", str(tmp_path), "--checkpoint-every", "1", "--no-plot", "--eval-every", "0",
+            "--lora-r", "2"]
     assert train_cli.main(args) == 0
     assert (tmp_path / "rl" / "latest.json").is_file() and (tmp_path / "sft" / "latest.json").is_file()
     args[args.index("--rl-steps") + 1] = "5"
