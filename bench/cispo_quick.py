@@ -69,14 +69,15 @@ def _step(impl, batch, h, W, chunk):
 def measure_one(args) -> dict:
     torch.set_num_threads(args.threads)
     batch, h, W = _inputs(args)
-    times = []
+    times, cpu = [], []
     for _ in range(args.repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         _step(args.one, batch, h, W, args.chunk)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return {"impl": args.one, "chunk": args.chunk, "median_s": statistics.median(times), "times_s": times,
-            "peak_rss_gib": rss_gib}
+            "cpu_s": statistics.median(cpu), "peak_rss_gib": rss_gib}
 
 
 def main() -> None:
@@ -109,13 +110,17 @@ def main() -> None:
     base = {r["impl"]: r for r in results if r["impl"] in ("gemms", "reference")}
     print(f"N={args.tokens} D={args.dim} V={args.vocab} fp32 threads={args.threads} repeats={args.repeats} "
           f"load={os.getloadavg()[0]:.1f}")
-    print(f"{'impl':<10} {'chunk':>10} {'median s':>9} {'peak GiB':>9} {'/gemms t':>9} {'/ref t':>7} {'/ref mem':>8}")
+    print("wall s: median wall-clock; cpu s: median process CPU time (all threads; steadier on a loaded machine)")
+    print(f"{'impl':<10} {'chunk':>10} {'wall s':>7} {'cpu s':>7} {'peak GiB':>9} {'cpu/gemms':>9} {'cpu/ref':>8} "
+          f"{'mem/ref':>8}")
     for r in results:
-        ratio = {k: (r["median_s"] / b["median_s"], r["peak_rss_gib"] / b["peak_rss_gib"]) for k, b in base.items()}
-        g_t = f"{ratio['gemms'][0]:.2f}" if "gemms" in ratio else "-"
-        r_t, r_m = (f"{ratio['reference'][0]:.2f}", f"{ratio['reference'][1]:.2f}") if "reference" in ratio else "--"
-        print(f"{r['impl']:<10} {str(r['chunk'] or 'default'):>10} {r['median_s']:>9.2f} {r['peak_rss_gib']:>9.2f} "
-              f"{g_t:>9} {r_t:>7} {r_m:>8}")
+        g = base.get("gemms")
+        ref = base.get("reference")
+        g_c = f"{r['cpu_s'] / g['cpu_s']:.2f}" if g else "-"
+        r_c = f"{r['cpu_s'] / ref['cpu_s']:.2f}" if ref else "-"
+        r_m = f"{r['peak_rss_gib'] / ref['peak_rss_gib']:.2f}" if ref else "-"
+        print(f"{r['impl']:<10} {str(r['chunk'] or 'default'):>10} {r['median_s']:>7.2f} {r['cpu_s']:>7.2f} "
+              f"{r['peak_rss_gib']:>9.2f} {g_c:>9} {r_c:>8} {r_m:>8}")
 
 
 if __name__ == "__main__":

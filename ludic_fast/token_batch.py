@@ -183,7 +183,9 @@ class TokenBatch:
         if aggregation == "token_mean":
             return one / (normalizer if normalizer is not None else self.total_mask.clamp(min=1.0))
         if aggregation == "prompt_mean":
-            prompt = self.per_seq("prompt", "aggregation='prompt_mean' (batch['group_id'])")
+            if "prompt" not in self.seqs:
+                raise KeyError("aggregation='prompt_mean' requires batch['group_id'] (one prompt id per sequence)")
+            prompt = self.seqs["prompt"]
             size = torch.zeros_like(self.seqs["raw_counts"]).index_add_(0, prompt, self.seqs["raw_counts"])
             n_p = normalizer if normalizer is not None else self.seqs["n_prompts"].clamp(min=1)
             return one / (size.clamp(min=1.0)[prompt[self.seq]] * n_p)

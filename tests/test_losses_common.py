@@ -192,5 +192,9 @@ def test_bad_batches_name_the_argument():
         L.CISPOLoss()(batch, hidden=h[:, 1:], weight=W)
     with pytest.raises(ValueError, match="aggregation"):
         L.CISPOLoss(aggregation="sum")
+    with pytest.raises(KeyError, match="group_id"):
+        L.ScaleRLLoss()({k: v for k, v in batch.items() if k != "group_id"}, hidden=h, weight=W)
+    with pytest.raises(KeyError, match="zvp_direction"):
+        L.ZVPCISPOLoss()({k: v for k, v in batch.items() if k != "zvp_direction"}, hidden=h, weight=W)
     with pytest.raises(ValueError, match="dual_clip"):
         L.TokenClippedSurrogateLoss(dual_clip=0.5)
