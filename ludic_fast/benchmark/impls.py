@@ -41,6 +41,7 @@ class Impl:
     needs: tuple[str, ...] = ()  # importable modules
     cuda_only: bool = False
     workload_independent: bool = False  # the floors: one measurement per shape serves every workload
+    useful_ndv: int = 6  # the useful matmul work of one step in units of N*D*V (fwd+bwd: 6; forward only: 2)
 
     def unavailable(self, workload: Workload, device: str) -> str | None:
         """Why this implementation cannot run `workload` on `device` (None when it can)."""
@@ -283,7 +284,7 @@ IMPLS: dict[str, Impl] = {
         Impl("gemm-fwd+bwd", "floor", "bare GEMMs z=hW^T, dh=zW, dW=z^T h (6NDV)", _build_gemm_fwd_bwd, _every,
              workload_independent=True),
         Impl("gemm-fwd", "floor", "bare forward GEMM z=hW^T (2NDV)", _build_gemm_fwd, _every,
-             workload_independent=True),
+             workload_independent=True, useful_ndv=2),
     )
 }
 
