@@ -1,6 +1,6 @@
-"""CISPO forward+backward on the LM head: ours (fused loss) vs reference (materialised logits) vs Liger's
-chunked GRPO loss (loss_type='cispo') vs the three bare GEMMs (the limit). Time and peak RSS, each
-implementation in its own process; ratios in one table.
+"""CISPO forward+backward on the LM head: ours (fused loss; 'ours_generic': the head op with autograd) vs
+reference (materialised logits) vs Liger's chunked GRPO loss (loss_type='cispo') vs the three bare GEMMs
+(the limit). Time and peak RSS, each implementation in its own process; ratios in one table.
 
     .venv/bin/python bench/cispo_quick.py                      # N=2048, D=896, V=151936, fp32, 2 threads
     .venv/bin/python bench/cispo_quick.py --impls ours gemms --chunks 16777216 33554432 67108864
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-IMPLS = ("ours", "reference", "liger", "gemms")
+IMPLS = ("ours", "ours_generic", "reference", "liger", "gemms")
 
 
 def _inputs(args):
@@ -39,10 +39,10 @@ def _inputs(args):
 
 
 def _step(impl, batch, h, W, chunk):
-    if impl == "ours":
+    if impl in ("ours", "ours_generic"):  # fused loss (6NDV) or the head op with autograd (8NDV)
         from ludic_fast.losses import CISPOLoss
 
-        loss, _ = CISPOLoss()(batch, hidden=h, weight=W, chunk_elements=chunk)
+        loss, _ = CISPOLoss()(batch, hidden=h, weight=W, chunk_elements=chunk, fused=impl == "ours")
         loss.backward()
     elif impl == "reference":
         from ludic_fast import reference
@@ -98,7 +98,7 @@ def main() -> None:
         return
     results = []
     for impl in args.impls:
-        for chunk in args.chunks if impl == "ours" else [None]:
+        for chunk in args.chunks if impl.startswith("ours") else [None]:
             cmd = [sys.executable, __file__, "--one", impl, "--tokens", str(args.tokens), "--rows", str(args.rows),
                    "--dim", str(args.dim), "--vocab", str(args.vocab), "--threads", str(args.threads),
                    "--repeats", str(args.repeats)] + ([] if chunk is None else ["--chunk", str(chunk)])
