@@ -55,11 +55,11 @@ def main() -> None:
     # 2. RL: groups of 8 samples per prompt, group-normalised advantages, CISPO loss on the fused head
     algo = make_cispo(group_size=8)
     engine = HFGenerateEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    sampling = SamplingConfig(temperature=1.0, max_new_tokens=4)
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=3)
     source = RolloutBatchSource(engine=engine, task=task, tokenizer=tok, credit_assigner=algo.credit_assigner,
                                 prompts_per_batch=32, group_size=8, sampling=sampling, seed=args.seed)
     evaluator = Evaluator(engine=engine, task=task, tokenizer=tok,
-                          sampling=SamplingConfig(temperature=0.0, max_new_tokens=4))
+                          sampling=SamplingConfig(temperature=0.0, max_new_tokens=3))
     rl = Trainer(
         model=model, algo=algo, batch_source=source, publisher=engine, evaluator=evaluator,
         cfg=TrainerConfig(model_device="cpu", pad_token_id=tok, lr=1e-3, weight_decay=0.0, temperature=1.0,

@@ -71,7 +71,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--prompts-per-batch", type=int, default=32)
     g.add_argument("--group-size", type=int, default=8)
     g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--max-new-tokens", type=int, default=4)
+    g.add_argument("--max-new-tokens", type=int, default=3)
     g.add_argument(
         "--dynamic-sampling",
         action=argparse.BooleanOptionalAction,
