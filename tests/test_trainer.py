@@ -4,6 +4,7 @@ reference loss on the model's logits, non-finite steps skipped bit-identically, 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -107,6 +108,16 @@ def test_nan_batch_skips_step_and_leaves_weights_bit_identical():
     stats = trainer.train_step_sync()
     assert stats["train/step_skipped"] == 0.0 and stats["train/skipped_steps"] == 1.0
     assert any(not torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
+
+
+def test_non_finite_gradient_with_finite_loss_is_skipped():
+    trainer = _trainer(make_items(3, seed=13))
+    before = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    handle = trainer.model.lm_head.weight.register_hook(lambda g: g * float("inf"))
+    stats = trainer.train_step_sync()
+    handle.remove()
+    assert stats["train/step_skipped"] == 1.0 and math.isfinite(stats["train/loss"])
+    assert all(torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
 
 
 # ------------------------------------------------------------------------------ Ludic trainer cases
