@@ -335,7 +335,7 @@ def main(argv: list[str]) -> int:
         summary["png"] = str(plot_curves(records, out / "curves.png", title=f"ludic-fast {command}: {args.preset}"))
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     print(
-        f"RL reward: first-10 mean {summary['first10_mean']:.3f}, last-10 mean {summary['last10_mean']:.3f} "
+        f"\nRL reward: first-10 mean {summary['first10_mean']:.3f}, last-10 mean {summary['last10_mean']:.3f} "
         f"(gain {summary['gain']:+.3f}); {summary['wall_time_s']:.0f} s; curves: {summary.get('png', '-')}"
     )
     return 0
