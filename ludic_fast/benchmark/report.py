@@ -66,6 +66,12 @@ def above_runtime(r: CaseResult) -> float | None:
     return r.peak_bytes - r.base_bytes + io_bytes(r.shape) / 2
 
 
+def transient_bytes(r: CaseResult) -> float | None:
+    """Peak bytes beyond the runtime, the inputs and their gradients: logits, workspaces, accumulators."""
+    above = above_runtime(r)
+    return None if above is None else above - io_bytes(r.shape)
+
+
 def results_table(group: dict[str, CaseResult]) -> str:
     """One markdown table: every implementation of one (shape, workload)."""
     ref, floor = _ok(group, "reference"), _ok(group, FLOOR)
@@ -156,9 +162,10 @@ def markdown_report(results: list[CaseResult], meta: dict[str, str]) -> str:
 
 
 def plot_scaling(results: list[CaseResult], workload: str, axis: str, path: str | Path) -> bool:
-    """PNG of median time and peak memory against N (`axis='n'`) or V (`axis='v'`) for one workload, one
-    line per implementation (other shape fields fixed at their most common value). False when matplotlib
-    is missing or fewer than two points vary along the axis."""
+    """PNG of median time and transient memory (`transient_bytes`: the peak beyond the runtime, the
+    inputs and their gradients) against N (`axis='n'`) or V (`axis='v'`) for one workload, one line per
+    implementation (other shape fields fixed at their most common value). False when matplotlib is
+    missing or fewer than two points vary."""
     try:
         import matplotlib
 
@@ -174,7 +181,7 @@ def plot_scaling(results: list[CaseResult], workload: str, axis: str, path: str 
         return False
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name in IMPLS:
-        pts = sorted((key(r.shape), r.median_s, r.peak_bytes / _GIB) for r in rows if r.impl == name)
+        pts = sorted((key(r.shape), r.median_s, transient_bytes(r) / _GIB) for r in rows if r.impl == name)
         if not pts:
             continue
         xs = [p[0] for p in pts]
@@ -184,7 +191,8 @@ def plot_scaling(results: list[CaseResult], workload: str, axis: str, path: str 
     label = "N (tokens)" if axis == "n" else "V (vocabulary)"
     other = f"D={fixed[0]} {'V' if axis == 'n' else 'N'}={fixed[1]} {fixed[2]}"
     ax_t.set(xlabel=label, ylabel="fwd+bwd time, s (median)", title=f"{workload}: time ({other})")
-    ax_m.set(xlabel=label, ylabel="peak memory, GiB", title=f"{workload}: peak memory ({other})")
+    ax_m.set(xlabel=label, ylabel="peak beyond runtime, inputs and gradients, GiB",
+             title=f"{workload}: transient memory ({other})")
     for ax in (ax_t, ax_m):
         ax.grid(alpha=0.3)
     ax_m.legend(fontsize=8)
