@@ -12,6 +12,7 @@ phase from rl/'s (the SFT phase is then skipped), else the SFT phase from sft/'s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -332,7 +333,11 @@ def main(argv: list[str]) -> int:
         metrics=str(metrics),
     )
     if not args.no_plot:
-        summary["png"] = str(plot_curves(records, out / "curves.png", title=f"ludic-fast {command}: {args.preset}"))
+        if importlib.util.find_spec("matplotlib") is None:
+            print("curves.png skipped: the optional package matplotlib is not installed", file=sys.stderr)
+        else:
+            png = plot_curves(records, out / "curves.png", title=f"ludic-fast {command}: {args.preset}")
+            summary["png"] = str(png)
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     print(
         f"\nRL reward: first-10 mean {summary['first10_mean']:.3f}, last-10 mean {summary['last10_mean']:.3f} "
