@@ -38,7 +38,7 @@ class Impl:
     description: str
     build: Builder
     covers: Callable[[Workload], str | None]  # None when the workload is covered, else the reason
-    needs: tuple[str, ...] = ()  # importable modules
+    needs: tuple[str, ...] = ()  # packages that must be installed
     cuda_only: bool = False
     workload_independent: bool = False  # the floors: one measurement per shape serves every workload
     useful_ndv: int = 6  # the useful matmul work of one step in units of N*D*V (fwd+bwd: 6; forward only: 2)
@@ -76,7 +76,7 @@ def _every(workload: Workload) -> str | None:
     return None
 
 
-def _has_grpo_args(workload: Workload) -> str | None:
+def _liger_covers(workload: Workload) -> str | None:
     if not workload.is_loss:
         return "no entropy output"
     return None if workload.grpo_args is not None else f"no {workload.name} loss"
@@ -277,7 +277,7 @@ IMPLS: dict[str, Impl] = {
         Impl("reference", "reference", "F.linear logits [N, V] + ludic_fast.reference", _build_reference,
              _every),
         Impl("liger", "peer", "Liger LigerFusedLinearGRPOLoss (chunked, torch ops)", _build_liger,
-             _has_grpo_args, needs=("liger_kernel",)),
+             _liger_covers, needs=("liger_kernel",)),
         Impl("trl", "peer", "TRL 1.16 trl.kernels.ChunkedLogProbFunction (+ TRL's loss math)", _build_trl,
              _trl_covers, needs=("trl",)),
         Impl("verl", "peer", "verl FusedLinearForPPO (torch)", _build_verl, _head_only, needs=("verl",)),
