@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from ludic_fast.algorithm import RLAlgorithm
 from ludic_fast.batching import collate_packed, collate_saw_items, group_index_of, split_items_by_token_budget
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
+from ludic_fast.distributed.rank0 import Rank0Publisher
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
 from ludic_fast.integrations.transformers import call_in_forward, final_hidden_states, lm_head
 from ludic_fast.ops import linear_logprobs
@@ -199,7 +200,9 @@ class Trainer:
         self.cfg = cfg
         self.algo = algo
         self.batch_source = batch_source
-        self.publisher = publisher
+        # under DDP/FSDP2 every rank runs the trainer: gather shards, strip `module.`, publish from rank 0 only
+        wrap = publisher is not None and not isinstance(publisher, Rank0Publisher)
+        self.publisher = Rank0Publisher(publisher) if wrap else publisher
         self.param_filter = param_filter
         self.train_logger = train_logger
         self.reducers = dict(reducers or {})

@@ -100,7 +100,7 @@ def _check_step(rank: int, world: int, mode: str, single: nn.Module, ref_stats: 
         fully_shard(model)
         wrapped = model  # bare FSDP2 module: call_in_forward goes through its hooks
     capture = _Capture()
-    stats = _step(wrapped, _items(rank), reduce_stats=True, publisher=Rank0Publisher(capture))
+    stats = _step(wrapped, _items(rank), reduce_stats=True, publisher=capture)  # the Trainer wraps it in Rank0Publisher
 
     ref_params = dict(single.named_parameters())
     # weights pushed after the step: gathered, wrapper prefixes stripped, from rank 0 only
