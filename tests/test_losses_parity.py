@@ -81,6 +81,10 @@ def test_vocab_sliced_chunks_match_reference():
 
 # bf16 hidden/weight: our head multiplies in bf16 with an fp32 output (the logits of a chunk are rounded to
 # bf16's 8-bit mantissa, |Δz| <= 2^-8 |z|); the reference upcasts the same bf16 values and multiplies in fp32.
+# Documented tolerance: 3e-2 max-relative on loss and grads. Measured over every case x 3 seeds: grads
+# <= 2.2e-2 except token_clipped_ln_delta (a bf16-rounded ratio lands on the other side of a clip boundary,
+# so a token switches branch: an O(1) difference inherent to hard clipping); losses near 0 (baseline-centred
+# REINFORCE) have a large relative but small absolute error.
 BF16_TOL = 3e-2
 
 
