@@ -72,6 +72,15 @@ def test_fused_flops_are_6ndv_token_local_8ndv_coupled(name):
     assert abs(flops - expected) <= 0.01 * expected, (flops / (N * D * V))
 
 
+@pytest.mark.parametrize("name", ["cispo", "zvp_cispo"])
+def test_sliced_vocabulary_is_8ndv(name):
+    """Budget below 16 whole rows: vocabulary slices, statistics sweep then gradient sweep (both 8NDV)."""
+    batch, h, W, N = _big_batch()
+    D, V = h.shape[-1], W.shape[0]
+    flops = _flops(_loss(name), batch, h, W, chunk_elements=8 * V)
+    assert abs(flops - 8 * N * D * V) <= 0.01 * 8 * N * D * V, flops / (N * D * V)
+
+
 def test_generic_path_is_8ndv():
     batch, h, W, N = _big_batch()
     flops = _flops(L.CISPOLoss(), batch, h, W, fused=False, chunk_elements=16 * W.shape[0])
