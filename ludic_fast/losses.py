@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ludic_fast._common import per_token_temperature, validate_head_inputs
+from ludic_fast._common import validate_head_inputs
 from ludic_fast.ops import linear_logprobs, resolve_backend
 from ludic_fast.ops.fused_loss import FusedPlan, fused_head_loss
 from ludic_fast.ops.torch_head import HeadTransform
@@ -141,8 +141,7 @@ class HeadLoss:
             )
             loss, stats = self.objective(out.logprobs, out.entropy, tb, True)
             return loss, _detach(stats)
-        inv_t = per_token_temperature(temp, tb.n, h.device).reciprocal()
-        transform = HeadTransform(float(logit_scale), None if softcap is None else float(softcap), inv_t)
+        transform = HeadTransform.build(logit_scale, softcap, temp, tb.n, h.device)
 
         def objective(lp: Tensor, H: Tensor | None, rows: slice | None) -> Tensor:
             return self.objective(lp, H, tb if rows is None else tb.subset(rows), False)[0]

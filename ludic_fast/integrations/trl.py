@@ -38,7 +38,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ludic_fast._common import per_token_temperature
 from ludic_fast.integrations.transformers import LMHead, call_in_forward, final_hidden_states, gather_lm_head, lm_head
 from ludic_fast.ops.fused_loss import FusedPlan, fused_head_loss
 from ludic_fast.ops.torch_head import HeadTransform
@@ -65,8 +64,7 @@ def _head_rows(lm: nn.Module, input_ids: Tensor, attention_mask: Tensor, n_keep:
 
 
 def _transform(head: LMHead, temperature: float, n_tokens: int, device: torch.device) -> HeadTransform:
-    inv_t = per_token_temperature(temperature, n_tokens, device).reciprocal()
-    return HeadTransform(float(head.logit_scale), None if head.softcap is None else float(head.softcap), inv_t)
+    return HeadTransform.build(head.logit_scale, head.softcap, temperature, n_tokens, device)
 
 
 class FastGRPOTrainer(GRPOTrainer):

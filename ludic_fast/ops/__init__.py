@@ -14,7 +14,7 @@ import os
 import torch
 from torch import Tensor
 
-from ludic_fast._common import HeadOutput, per_token_temperature, validate_head_inputs
+from ludic_fast._common import HeadOutput, validate_head_inputs
 from ludic_fast.ops.torch_head import HeadTransform, LinearLogprobsFunction
 
 BACKENDS = ("auto", "torch", "triton")
@@ -76,8 +76,7 @@ def linear_logprobs(
     out_shape = targets.shape
     h2 = hidden.reshape(-1, hidden.shape[-1])
     t1 = targets.reshape(-1)
-    inv_t = per_token_temperature(temperature, t1.numel(), hidden.device).reciprocal()
-    transform = HeadTransform(float(logit_scale), None if softcap is None else float(softcap), inv_t)
+    transform = HeadTransform.build(logit_scale, softcap, temperature, t1.numel(), hidden.device)
     if impl == "triton":
         from ludic_fast.ops.triton_head import triton_linear_logprobs
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ludic_fast._common import per_token_temperature
+
 #: Default bound on the elements of one float32 logits chunk (tokens x vocab columns): 64 Mi (256 MiB).
 DEFAULT_CHUNK_ELEMENTS = int(os.environ.get("LUDIC_FAST_CHUNK_ELEMENTS", 64 * 2**20))
 _MIN_CHUNK_TOKENS = 16
@@ -36,6 +38,16 @@ class HeadTransform:
     logit_scale: float
     softcap: float | None
     inv_temperature: Tensor  # [N] float64 (cast to the chunk dtype on use)
+    unit_temperature: bool = False  # T == 1 for every token: skip the 1/T passes over each chunk
+
+    @classmethod
+    def build(
+        cls, logit_scale: float, softcap: float | None, temperature: float | Tensor, n_tokens: int, device
+    ) -> HeadTransform:
+        """The transform of `softcap(logit_scale * raw) / T` for `n_tokens` rows (T scalar or per token)."""
+        inv_t = per_token_temperature(temperature, n_tokens, device).reciprocal()
+        unit = not isinstance(temperature, Tensor) and float(temperature) == 1.0
+        return cls(float(logit_scale), None if softcap is None else float(softcap), inv_t, unit)
 
     def apply_(self, z: Tensor, rows: slice) -> Tensor:
         """raw logits chunk (float32, rows `rows`) -> final logits, in place."""
@@ -43,7 +55,7 @@ class HeadTransform:
             z.mul_(self.logit_scale)
         if self.softcap is not None:
             z.div_(self.softcap).tanh_().mul_(self.softcap)
-        return z.mul_(self.inv_temperature[rows, None].to(z.dtype))
+        return z if self.unit_temperature else z.mul_(self.inv_temperature[rows, None].to(z.dtype))
 
     def chain_factor(self, z: Tensor, rows: slice) -> Tensor | None:
         """d(final)/d(raw) for the chunk as a tensor, or None when it is the per-row 1/T alone."""
@@ -54,7 +66,8 @@ class HeadTransform:
 
     def backprop_(self, dz: Tensor, factor: Tensor | None, rows: slice) -> Tensor:
         """dL/dz (final) -> dL/d(raw), in place."""
-        dz.mul_(self.inv_temperature[rows, None].to(dz.dtype))
+        if not self.unit_temperature:
+            dz.mul_(self.inv_temperature[rows, None].to(dz.dtype))
         if factor is not None:
             dz.mul_(factor)
         if self.logit_scale != 1.0:

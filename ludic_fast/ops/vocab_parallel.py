@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ludic_fast._common import HeadOutput, per_token_temperature, validate_head_inputs
+from ludic_fast._common import HeadOutput, validate_head_inputs
 from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform, LinearLogprobsFunction
 
 
@@ -132,8 +132,7 @@ def vocab_parallel_linear_logprobs(
     # local ids; ignored rows get a sentinel no valid id can map to (valid local ids lie in [-vocab_start, ...))
     sentinel = -vocab_start - 1
     local = torch.where(valid, t1.long() - vocab_start, torch.full_like(t1, sentinel, dtype=torch.long))
-    inv_t = per_token_temperature(temperature, t1.numel(), hidden.device).reciprocal()
-    transform = HeadTransform(float(logit_scale), None if softcap is None else float(softcap), inv_t)
+    transform = HeadTransform.build(logit_scale, softcap, temperature, t1.numel(), hidden.device)
     lp, ent, lse = VocabParallelLogprobsFunction.apply(
         h2, weight, bias, local, (transform, chunk_elements, sentinel), entropy, process_group, bool(reduce_grad_hidden)
     )
