@@ -203,12 +203,16 @@ class LinearLogprobsFunction(torch.autograd.Function):
     """Generic mode: forward saves (lse, E_p z); backward recomputes logits chunk by chunk (8NDV total)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, head_args, with_entropy):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, targets, head_args, with_entropy, merge_stats=None):  # type: ignore[override]
+        """`merge_stats(lse, E_p z, z_y) -> (lse, E_p z, z_y)` combines partial statistics of a vocabulary
+        shard into those of the whole vocabulary (vocab-parallel); None for an unsharded weight."""
         transform, max_elements, ignore_index = head_args
         head = ChunkedHead(hidden, weight, bias, targets, transform, max_elements, ignore_index)
         lse, ez, zy = (torch.empty(head.N, device=hidden.device, dtype=head.acc) for _ in range(3))
         for rows in head.row_chunks():
             lse[rows], ez[rows], zy[rows] = head.stats(head.h_rows(rows), rows, with_entropy)
+        if merge_stats is not None:
+            lse, ez, zy = merge_stats(lse, ez, zy)
         valid = head.valid.to(head.acc)
         logprobs = (zy - lse) * valid
         entropy = (lse - ez) * valid if with_entropy else torch.zeros_like(lse)
@@ -243,6 +247,7 @@ class LinearLogprobsFunction(torch.autograd.Function):
             dh.to(hidden.dtype) if need_h else None,
             dW.to(weight.dtype) if dW is not None else None,
             db.to(bias.dtype) if db is not None else None,
+            None,
             None,
             None,
             None,

@@ -20,12 +20,14 @@ The upstream gradients must be the same on every rank (the loss is replicated), 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from ludic_fast._common import HeadOutput, validate_head_inputs
-from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform, LinearLogprobsFunction
+from ludic_fast.ops.torch_head import HeadTransform, LinearLogprobsFunction
 
 
 def vocab_partition(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -57,21 +59,10 @@ class VocabParallelLogprobsFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, local_targets, head_args, with_entropy, group, reduce_dh):  # type: ignore[override]
-        head = ChunkedHead(hidden, weight, bias, local_targets, *head_args)
-        lse_r, ez_r, zy_r = (torch.empty(head.N, device=hidden.device, dtype=head.acc) for _ in range(3))
-        for rows in head.row_chunks():
-            lse_r[rows], ez_r[rows], zy_r[rows] = head.stats(head.h_rows(rows), rows, with_entropy)
-        lse, ez, zy = _combine_stats(lse_r, ez_r, zy_r, group)
-        valid = head.valid.to(head.acc)
-        logprobs = (zy - lse) * valid
-        entropy = (lse - ez) * valid if with_entropy else torch.zeros_like(lse)
-        # the saved layout and ctx fields are those LinearLogprobsFunction.backward reads
-        ctx.save_for_backward(hidden, weight, bias, local_targets, lse, ez)
-        ctx.head_args = head_args
-        ctx.with_entropy = with_entropy
+        merge = functools.partial(_combine_stats, group=group)
+        out = LinearLogprobsFunction.forward(ctx, hidden, weight, bias, local_targets, head_args, with_entropy, merge)
         ctx.group, ctx.reduce_dh = group, reduce_dh
-        ctx.mark_non_differentiable(lse)
-        return logprobs, entropy, lse
+        return out
 
     @staticmethod
     def backward(ctx, g_lp, g_H, g_lse):  # type: ignore[override]
