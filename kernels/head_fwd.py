@@ -12,7 +12,7 @@ written as partials `part[q, split, row]` (q = m, s, t, z_y) that `head_merge` c
 import triton
 import triton.language as tl
 
-from ._logit_math import final_logits
+from ._logit_math import final_logits, online_stats_update
 
 #: Default launch configuration per input element size (2: bf16/fp16 tensor cores; 4: fp32, exact "ieee"
 #: FMA dots, smaller tiles), chosen spill-free on sm_80/sm_90 by `bench/kernel_report.py`.
@@ -70,15 +70,7 @@ def head_fwd_kernel(
         if HAS_BIAS:
             raw += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         z, _th = final_logits(raw, inv_t, SCALE, HAS_SOFTCAP, SOFTCAP)
-        z = tl.where(col_ok[None, :], z, float("-inf"))
-        zy += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
-        m_new = tl.maximum(m, tl.max(z, axis=1))
-        keep = tl.exp(m - m_new)
-        e = tl.exp(z - m_new[:, None])
-        s = s * keep + tl.sum(e, axis=1)
-        if ENTROPY:
-            t = t * keep + tl.sum(e * tl.where(col_ok[None, :], z, 0.0), axis=1)
-        m = m_new
+        m, s, t, zy = online_stats_update(z, cols, col_ok, tgt, m, s, t, zy, ENTROPY)
     out = part_ptr + pid_s.to(tl.int64) * N + rows
     plane = n_splits.to(tl.int64) * N
     tl.store(out, m, mask=row_ok)

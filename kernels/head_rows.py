@@ -14,7 +14,7 @@ Vocab columns past c are -inf for the statistics and 0 for the entropy sum. Targ
 import triton
 import triton.language as tl
 
-from ._logit_math import final_logits, logit_grad, raw_grad
+from ._logit_math import final_logits, logit_grad, online_stats_update, raw_grad
 
 ROWS, BLOCK_V, NUM_WARPS = 1, 4096, 8
 
@@ -53,15 +53,7 @@ def head_rows_kernel(
             col_ok = cols < n_cols
             z, _th, ok = _final_tile(ws_row, b_ptr, cols, col_start, col_ok, row_ok, inv_t,
                                      HAS_BIAS, SCALE, HAS_SOFTCAP, SOFTCAP)
-            z = tl.where(col_ok[None, :], z, float("-inf"))
-            zy += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
-            m_new = tl.maximum(m, tl.max(z, axis=1))
-            keep = tl.exp(m - m_new)
-            e = tl.exp(z - m_new[:, None])
-            s = s * keep + tl.sum(e, axis=1)
-            if ENTROPY:
-                t = t * keep + tl.sum(e * tl.where(col_ok[None, :], z, 0.0), axis=1)
-            m = m_new
+            m, s, t, zy = online_stats_update(z, cols, col_ok, tgt, m, s, t, zy, ENTROPY)
         lse = m + tl.log(s)
         ez = t / s
         tl.store(lse_ptr + rows, lse, mask=row_ok)
