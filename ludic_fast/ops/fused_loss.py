@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform
+from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform, addmm_acc_, gemm_f32
 
 #: objective(lp, H or None, rows or None) -> scalar loss; `rows` selects the chunk (None: all tokens).
 Objective = Callable[[Tensor, Tensor | None, slice | None], Tensor]
@@ -131,13 +131,6 @@ class _TorchSlices:
             self.head.accumulate_(d_raw, self.h_c, self.rows, cols, dh, dW, db)
 
 
-def _mm_f32(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b with an fp32 result; low-precision CUDA operands stay low precision (tensor cores)."""
-    if a.is_cuda and a.dtype != torch.float32:
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return a.float() @ b.float()
-
-
 class _TritonRows:
     """One token chunk on the triton backend: a cuBLAS GEMM writes raw logits into a workspace, the Triton
     row kernel (`triton_head.workspace_head_rows_`) forms statistics, then d(raw) in place."""
@@ -146,7 +139,7 @@ class _TritonRows:
         self.head, self.plan, self.rows = head, plan, rows
         self.h_c = head.h_rows(rows)
         self.w = head.weight.to(head.compute_dtype)
-        self.ws = _mm_f32(self.h_c, self.w.T)
+        self.ws = gemm_f32(self.h_c, self.w.T)
         t = plan.transform
         self.kw = {"bias": head.bias, "logit_scale": t.logit_scale, "softcap": t.softcap, "ignore_index": -100}
         self.tgt, self.inv_t = head.targets[rows], t.inv_temperature[rows]
@@ -164,9 +157,9 @@ class _TritonRows:
         if db is not None:
             db += self.ws.sum(0)
         d_lo = self.ws.to(self.h_c.dtype)
-        dh[self.rows] += _mm_f32(d_lo, self.w)
+        addmm_acc_(dh[self.rows], d_lo, self.w)
         if dW is not None:
-            dW += _mm_f32(d_lo.T, self.h_c)
+            addmm_acc_(dW, d_lo.T, self.h_c)
 
 
 def _token_grads(objective: Objective, lp: Tensor, H: Tensor | None, rows: slice | None):

@@ -187,16 +187,36 @@ class ChunkedHead:
         db: Tensor | None,
     ) -> None:
         """dh[rows] += d_raw W[cols];  dW[cols] += d_raw^T h;  db[cols] += sum_rows d_raw (fp32 buffers)."""
-        _accumulate_matmul_(dh[rows], d_raw, self.weight[cols].to(self.acc))
+        addmm_acc_(dh[rows], d_raw, self.weight[cols])
         if dW is not None:
-            _accumulate_matmul_(dW[cols], d_raw.T, h_c.to(self.acc))
+            addmm_acc_(dW[cols], d_raw.T, h_c)
         if db is not None:
             db[cols].add_(d_raw.sum(0))
 
 
-def _accumulate_matmul_(acc: Tensor, a: Tensor, b: Tensor) -> None:
-    """acc += a @ b in place, through the out= form of addmm (FLOP counters see it; `addmm_` they miss)."""
-    torch.addmm(acc, a, b, out=acc)
+#: torch.mm / torch.addmm with out_dtype=float32 on CUDA bf16/fp16 operands exist from torch 2.8
+_LOWP_GEMM_F32_OUT = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 8)
+
+
+def _lowp_cuda(a: Tensor) -> bool:
+    return a.is_cuda and a.dtype in (torch.float16, torch.bfloat16) and _LOWP_GEMM_F32_OUT
+
+
+def gemm_f32(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b with an fp32 result: bf16/fp16 CUDA operands stay low precision (tensor cores, fp32 output),
+    anything else is upcast to fp32."""
+    if _lowp_cuda(a):
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
+def addmm_acc_(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """acc += a @ b in place (acc fp32 or fp64), without an [acc]-sized temporary. Goes through the out= form
+    of addmm, which FLOP counters see (they miss `addmm_`); bf16/fp16 CUDA operands stay low precision."""
+    if _lowp_cuda(a) and acc.dtype == torch.float32:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        torch.addmm(acc, a.to(acc.dtype), b.to(acc.dtype), out=acc)
 
 
 class LinearLogprobsFunction(torch.autograd.Function):

@@ -32,7 +32,7 @@ from ludic_fast.kernels.head_fwd import CONFIGS as FWD_CONFIGS
 from ludic_fast.kernels.head_fwd import launch_head_fwd
 from ludic_fast.kernels.head_merge import launch_head_merge
 from ludic_fast.kernels.head_rows import launch_head_rows
-from ludic_fast.ops.torch_head import DEFAULT_CHUNK_ELEMENTS, HeadTransform
+from ludic_fast.ops.torch_head import DEFAULT_CHUNK_ELEMENTS, HeadTransform, addmm_acc_, gemm_f32
 
 STRATEGIES = ("auto", "fused", "workspace")
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -150,18 +150,6 @@ def workspace_head_rows_(
     return lse, ez, zy
 
 
-#: torch.mm(..., out_dtype=torch.float32) on CUDA bf16/fp16 operands exists from torch 2.8
-_MM_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 8)
-
-
-def _gemm_f32(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b with fp32 output and fp32 accumulation; low-precision operands stay low precision on CUDA
-    (cuBLAS bf16/fp16 GEMM with an fp32 output), else both are upcast to fp32."""
-    if a.is_cuda and a.dtype != torch.float32 and _MM_OUT_DTYPE:
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return a.float() @ b.float()
-
-
 def grad_blocks(n: int, v: int, budget: int) -> tuple[int, int]:
     """(tokens, vocab columns) of one backward workspace block: all tokens of a vocabulary slice if possible."""
     cols = min(v, budget // max(n, 1))
@@ -251,7 +239,7 @@ class WorkspaceHeadFunction(_HeadFunctionBase):
         rows_per = max(1, cfg.max_elements // v)
         for r0 in range(0, n, rows_per):
             r = slice(r0, min(n, r0 + rows_per))
-            ws = _gemm_f32(h[r], w.T)
+            ws = gemm_f32(h[r], w.T)
             launch_head_rows(ws, b, tgt[r], inv_t[r], lse[r], ez[r], zy[r], None, None, col_start=0,
                              scale=cfg.scale, softcap=cfg.softcap, entropy=with_entropy, stats=True)
         valid = tgt >= 0
@@ -276,7 +264,7 @@ class WorkspaceHeadFunction(_HeadFunctionBase):
             c = slice(c0, min(v, c0 + cols_per))
             for r0 in range(0, n, rows_per):
                 r = slice(r0, min(n, r0 + rows_per))
-                ws = _gemm_f32(h[r], w[c].T)
+                ws = gemm_f32(h[r], w[c].T)
                 launch_head_rows(ws, b, tgt[r], inv_t[r], lse[r], ez[r], None, g_lp[r],
                                  None if g_H is None else g_H[r], col_start=c0, scale=cfg.scale,
                                  softcap=cfg.softcap, entropy=g_H is not None, stats=False)
@@ -284,11 +272,11 @@ class WorkspaceHeadFunction(_HeadFunctionBase):
                     db[c] += ws.sum(0)
                 d_lo = ws.to(h.dtype)  # GEMM operands in the input dtype (tensor cores), fp32 outputs
                 if dh is not None:
-                    dh[r] += _gemm_f32(d_lo, w[c])
+                    addmm_acc_(dh[r], d_lo, w[c])
                 if dw is not None and one_pass:
-                    dw[c] = _gemm_f32(d_lo.T, h[r])
+                    dw[c] = gemm_f32(d_lo.T, h[r])
                 elif dw is not None:
-                    dw[c] += _gemm_f32(d_lo.T, h[r])
+                    addmm_acc_(dw[c], d_lo.T, h[r])
         return dh, dw, db
 
 
