@@ -196,11 +196,13 @@ class FusedLossFunction(torch.autograd.Function):
         else:
             chunk_cls = _TritonRows if plan.backend == "triton" else _TorchRows
 
+        valid = head.valid.to(head.acc)  # rows whose target is ignore_index (-100): lp = H = 0, no gradient
+
         def set_stats(rows: slice, stats: tuple[Tensor, Tensor, Tensor]) -> None:
             lse[rows], ez[rows] = stats[0], stats[1]
-            lp[rows] = stats[2] - stats[0]
+            lp[rows] = (stats[2] - stats[0]) * valid[rows]
             if H is not None:
-                H[rows] = stats[0] - stats[1]
+                H[rows] = (stats[0] - stats[1]) * valid[rows]
 
         if plan.coupled:  # pass 1: statistics of every token, then all per-token gradients at once
             for rows in head.row_chunks():
@@ -213,6 +215,8 @@ class FusedLossFunction(torch.autograd.Function):
             else:
                 set_stats(rows, chunk.stats())
                 g_lp_c, g_H_c = _token_grads(plan.objective, lp[rows], None if H is None else H[rows], rows)
+            g_lp_c = g_lp_c * valid[rows]
+            g_H_c = None if g_H_c is None else g_H_c * valid[rows]
             chunk.backward_(lse[rows], ez[rows], g_lp_c, g_H_c, dh, dW, db)
             del chunk
         loss = _value(plan.objective, lp, H)
