@@ -3,26 +3,10 @@
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from _alloc import LargestAllocation
 from torch.utils.flop_counter import FlopCounterMode
 
 import ludic_fast
-
-
-class LargestAllocation(TorchDispatchMode):
-    """Records the largest `numel` among the outputs of every op dispatched (forward and backward)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-        self.op = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.numel() > self.largest:
-                self.largest, self.op = t.numel(), func
-        return out
 
 
 def _inputs(N, D, V, seed=0):

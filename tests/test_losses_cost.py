@@ -5,27 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _alloc import LargestAllocation
 from test_losses_common import CASE_IDS, CASES, make_batch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ludic_fast import losses as L
 from ludic_fast import reference as R
-
-
-class LargestAllocation(TorchDispatchMode):
-    """Largest `numel` among the outputs of every op dispatched (forward and backward)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest, self.op = 0, None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.numel() > self.largest:
-                self.largest, self.op = t.numel(), func
-        return out
 
 
 def _big_batch(seed=0, B=4, T=40, D=24, V=160):
