@@ -6,23 +6,16 @@ Cases are a hand-picked cover of dtype x V x D x temperature x softcap x bias x 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import pytest
 import torch
+from _interp import DEVICE, MARKS
 
 from ludic_fast import reference
 from ludic_fast.ops import linear_logprobs
 
-pytestmark = [
-    pytest.mark.interpret,
-    pytest.mark.skipif(
-        os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-        reason="needs a CUDA GPU or TRITON_INTERPRET=1 (the Triton interpreter)",
-    ),
-]
-DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+pytestmark = MARKS
 
 
 @dataclass(frozen=True)

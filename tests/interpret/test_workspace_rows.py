@@ -3,21 +3,13 @@ TRITON_INTERPRET=1), with fp32 and bf16 workspaces, whole rows and vocabulary sl
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from _interp import DEVICE, MARKS
 
 from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform
 
-pytestmark = [
-    pytest.mark.interpret,
-    pytest.mark.skipif(
-        os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-        reason="needs a CUDA GPU or TRITON_INTERPRET=1 (the Triton interpreter)",
-    ),
-]
-DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+pytestmark = MARKS
 
 N, V, D = 6, 1021, 40
 
