@@ -1,9 +1,13 @@
 # Two entry points, each building its own virtual environment from nothing:
 #   make demo   runs the main job on the embedded default (CPU, no download)
-#   make test   runs the whole test suite (unit tests, then Triton-interpreter tests in their own process)
+#   make test   runs the whole test suite (unit tests, then Triton-interpreter tests in their own process, then
+#               the verl integration tests in .venv-verl, where verl 0.9.1 is installed with its own pins)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+VERL_VENV  ?= .venv-verl
+VERL_PY    := $(VERL_VENV)/bin/python
+VERL_STAMP := $(VERL_VENV)/.installed-stamp
 
 .PHONY: demo test lint bench clean
 
@@ -14,15 +18,23 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	touch $(STAMP)
 
+$(VERL_STAMP): pyproject.toml setup.py
+	test -x $(VERL_PY) || python3 -m venv $(VERL_VENV)
+	$(VERL_PY) -m pip install -q --upgrade pip
+	$(VERL_PY) -m pip install -q torch==2.13.0
+	$(VERL_PY) -m pip install -q -e ".[verl]" pytest pytest-timeout
+	touch $(VERL_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/ludic-fast demo
 
-test: $(STAMP)
+test: $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q tests --ignore=tests/interpret
 	if [ -d tests/interpret ]; then TRITON_INTERPRET=1 $(PY) -m pytest -q tests/interpret; fi
+	LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q tests/test_integration_verl.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VERL_VENV) build *.egg-info
