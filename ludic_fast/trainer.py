@@ -5,7 +5,8 @@ One `train_step()`:
    run `algo.preprocess`; refetch while nothing is left;
 2. split the N items by token budget (Ludic's truncate -> sort -> pack) and collate each chunk;
 3. per chunk k with n_k items: hidden states from the base model (no logits), the LM head from
-   `integrations.transformers.lm_head`, `loss_k = algo.compute_loss(batch, hidden=h, **head)`, then
+   `integrations.transformers.lm_head` (run as the head module's forward, `call_head`, so ZeRO-3 gathers it),
+   `loss_k = algo.compute_loss(batch, hidden=h, **head)`, then
    `(loss_k * n_k / N).backward()` — the accumulated gradient is that of the mean over all N sequences;
 4. grad-norm clipping (the norm before clipping is logged); if the loss or the gradient norm is not finite
    the step is skipped: gradients dropped, weights, optimizer and LR schedule untouched (bit-identical),
@@ -41,8 +42,7 @@ from ludic_fast.batching import collate_packed, collate_saw_items, group_index_o
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
 from ludic_fast.distributed.rank0 import Rank0Publisher
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
-from ludic_fast.integrations.transformers import call_in_forward, final_hidden_states, lm_head
-from ludic_fast.ops import linear_logprobs
+from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
 from ludic_fast.stats import Reducer, aggregate_stats, group_log_stats
 from ludic_fast.types import SAWBatch
 
@@ -260,9 +260,7 @@ class Trainer:
         """(loss, stats) of one collated micro-batch through the fused head (inside the model's forward,
         so DDP/FSDP/PEFT wrappers do their work)."""
 
-        def run(lm: nn.Module, **inputs: Tensor) -> tuple[Tensor, dict[str, Any]]:
-            hidden = final_hidden_states(lm, **inputs)
-            head = lm_head(lm, fp32_head=self.algo.fp32_head)
+        def loss(head: LMHead, hidden: Tensor) -> tuple[Tensor, dict[str, Any]]:
             return self.algo.compute_loss(
                 batch,
                 hidden=hidden,
@@ -272,6 +270,9 @@ class Trainer:
                 chunk_elements=self.cfg.chunk_elements,
             )
 
+        def run(lm: nn.Module, **inputs: Tensor) -> tuple[Tensor, dict[str, Any]]:
+            return call_head(lm, loss, final_hidden_states(lm, **inputs), fp32_head=self.algo.fp32_head)
+
         return call_in_forward(self.model, run, **self._model_inputs(batch))
 
     @torch.no_grad()
@@ -279,20 +280,14 @@ class Trainer:
         """log p_ref of each action token at its position ([B, T], 0 elsewhere), through the fused head."""
         ids = batch["input_ids"]
         hidden = final_hidden_states(self.ref_model, **self._model_inputs(batch))
-        head = lm_head(self.ref_model, fp32_head=self.algo.fp32_head)
         targets = torch.where(batch["action_mask"][:, 1:] > 0, ids[:, 1:], torch.full_like(ids[:, 1:], -100))
-        kw = head.kwargs()
-        out = linear_logprobs(
-            hidden[:, :-1],
-            kw.pop("weight"),
-            targets,
-            **kw,
-            temperature=self.cfg.temperature,
-            entropy=False,
-            backend=self.cfg.backend,
-        )
+
+        def logprobs(head: LMHead, h: Tensor) -> Tensor:
+            out = head.logprobs(h, targets, temperature=self.cfg.temperature, entropy=False, backend=self.cfg.backend)
+            return out.logprobs
+
         ref = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-        ref[:, 1:] = out.logprobs
+        ref[:, 1:] = call_head(self.ref_model, logprobs, hidden[:, :-1], fp32_head=self.algo.fp32_head)
         return ref
 
     # ------------------------------------------------------------------------------------- one step

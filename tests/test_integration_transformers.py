@@ -11,10 +11,10 @@ import ludic_fast
 from ludic_fast.integrations.transformers import (
     LMHead,
     UnsupportedHeadError,
+    call_head,
     call_in_forward,
     check_lm_head,
     final_hidden_states,
-    gather_lm_head,
     get_decoder,
     lm_head,
 )
@@ -202,11 +202,19 @@ def test_check_lm_head_detects_an_unknown_post_processing():
         check_lm_head(model, ids, mask)
 
 
-def test_gather_lm_head_is_a_noop_without_zero3():
+def test_call_head_runs_fn_as_the_head_modules_forward_and_restores_it():
     model = tiny_model("LlamaConfig")
-    with gather_lm_head(model):
-        head = lm_head(model)
+    seen = []
+    hook = model.lm_head.register_forward_pre_hook(lambda module, args: seen.append(args))
+    hidden = torch.randn(3, model.config.hidden_size)
+    try:
+        head, out = call_head(model, lambda h, x: (h, x * 2), hidden)
+    finally:
+        hook.remove()
     assert isinstance(head, LMHead) and head.weight is model.lm_head.weight
+    assert len(seen) == 1 and seen[0][0] is hidden  # the module's hooks saw the call (ZeRO-3 gathers there)
+    torch.testing.assert_close(out, hidden * 2)
+    assert "forward" not in model.lm_head.__dict__ and model.lm_head(hidden).shape == (3, model.config.vocab_size)
 
 
 class _Wrapper(nn.Module):

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ludic_fast.integrations.transformers import call_in_forward, final_hidden_states, gather_lm_head, lm_head
+from ludic_fast.integrations.transformers import call_head, call_in_forward, final_hidden_states
 
 
 def compute_loss(
@@ -39,8 +39,9 @@ def compute_loss(
 
     def body(lm: nn.Module, *, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, dict[str, Any]]:
         hidden = final_hidden_states(lm, input_ids, attention_mask)
-        with gather_lm_head(lm):
-            return loss(batch, hidden=hidden, **lm_head(lm, fp32_head=fp32_head).kwargs(), **loss_kwargs)
+        return call_head(
+            lm, lambda head, h: loss(batch, hidden=h, **head.kwargs(), **loss_kwargs), hidden, fp32_head=fp32_head
+        )
 
     return call_in_forward(model, body, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
 

@@ -18,14 +18,13 @@ one architecture: the decoder is `model.get_decoder()` (or the `base_model_prefi
 Wrappers handled: DDP/FSDP1-style `.module` wrappers, PEFT `PeftModel` (LoRA on the decoder applies
 through its injected layers; LoRA on `lm_head` is merged into the head weight, differentiably;
 `modules_to_save` picks the active copy), tied input/output embeddings (the same Parameter), FSDP2 (the
-head's DTensor weight is gathered with `full_tensor()`, differentiable) and DeepSpeed ZeRO-3
-(`gather_lm_head` gathers the partitioned weight for the duration of the head call).
+head's DTensor weight is gathered with `full_tensor()`, differentiable) and DeepSpeed ZeRO-3 (`call_head` runs
+the fused head as the head module's forward, so ZeRO-3 gathers W for its forward and its backward).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,8 +215,8 @@ def lm_head(model: nn.Module, *, fp32_head: bool = False) -> LMHead:
     weight, bias = _gather_dtensor(weight), _gather_dtensor(bias)
     if weight.numel() == 0:
         raise UnsupportedHeadError(
-            "model: the output head weight is empty (partitioned by ZeRO-3?); call lm_head() inside "
-            "`with gather_lm_head(model):`"
+            "model: the output head weight is empty (partitioned by ZeRO-3?); use it inside "
+            "`call_head(model, fn, hidden)`"
         )
     if fp32_head:
         weight = weight.float()
@@ -226,33 +225,47 @@ def lm_head(model: nn.Module, *, fp32_head: bool = False) -> LMHead:
     return LMHead(weight=weight, bias=bias, logit_scale=scale, softcap=softcap)
 
 
-def _head_parameters(model: nn.Module) -> list[nn.Parameter]:
+def _replace_forward(module: nn.Module, forward: Callable[..., Any]) -> Callable[[], None]:
+    """Set `module.forward = forward` (an instance attribute); returns the (idempotent) restore function, which
+    brings back the previous instance attribute, if any, e.g. TRL's patched forward."""
+    saved = module.__dict__.get("forward")
+
+    def restore() -> None:
+        if saved is None:
+            module.__dict__.pop("forward", None)
+        else:
+            module.forward = saved
+
+    module.forward = forward
+    return restore
+
+
+def call_head(model: nn.Module, fn: Callable[..., Any], /, *args: Any, fp32_head: bool = False) -> Any:
+    """`fn(lm_head(model, fp32_head=fp32_head), *args)`, run as the forward of the model's output-head module.
+
+    Sharding frameworks gather a module's parameters around its forward and again around its backward
+    (DeepSpeed ZeRO-3 and a separately `fully_shard`ed FSDP2 head, through module hooks; ZeRO-3 also
+    counts parameters of nested modules read in that forward, e.g. PEFT's base_layer and LoRA A/B, as the
+    module's own). The fused head reads W directly and needs it whole in backward too: the generic op
+    recomputes the logits from W, and every op hands dW [V, D] to the parameter there. Running inside the
+    head module's forward gives it both gathers; without sharding this is a plain call. Pass the tensors
+    the head consumes (the hidden states) as `args` and return tensors (or tuples/dicts of them): the
+    backward hooks attach to those.
+    """
     lm = unwrap_model(model)
     head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
-    return [] if head is None else list(head.parameters())
+    if head is None:
+        raise UnsupportedHeadError(f"model: {type(lm).__name__} has no output embeddings (get_output_embeddings())")
 
+    def forward(*inputs: Any) -> Any:
+        restore()
+        return fn(lm_head(lm, fp32_head=fp32_head), *inputs)
 
-@contextlib.contextmanager
-def gather_lm_head(model: nn.Module) -> Iterator[None]:
-    """Context in which the output head's parameters are whole on every rank (for a fused head call).
-
-    DeepSpeed ZeRO-3 partitions every parameter to numel 0 outside its module's forward; a fused head reads
-    the weight directly, so the partitioned head parameters are gathered here (`GatheredParameters`, no
-    modifier rank) and released on exit. Already-available parameters (e.g. tied embeddings gathered by the
-    embedding layer) are left alone. FSDP2/TP DTensors need no context: `lm_head()` gathers them with a
-    differentiable `full_tensor()`. Without ZeRO-3 this is a no-op.
-    """
-    partitioned = {id(p): p for p in _head_parameters(model) if hasattr(p, "ds_id")}
-    if partitioned:
-        from deepspeed import zero
-        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
-        todo = [p for p in partitioned.values() if p.ds_status != ZeroParamStatus.AVAILABLE]
-        if todo:
-            with zero.GatheredParameters(todo):
-                yield
-            return
-    yield
+    restore = _replace_forward(head, forward)
+    try:
+        return head(*args)
+    finally:
+        restore()
 
 
 def call_in_forward(model: nn.Module, fn: Callable[..., Any], /, **inputs: Any) -> Any:
@@ -267,19 +280,12 @@ def call_in_forward(model: nn.Module, fn: Callable[..., Any], /, **inputs: Any) 
     wrappers unchanged.
     """
     lm = unwrap_model(model)
-    saved = lm.__dict__.get("forward")
-
-    def restore() -> None:
-        if saved is None:
-            lm.__dict__.pop("forward", None)
-        else:
-            lm.forward = saved
 
     def redirected(*_args: Any, **_kwargs: Any) -> Any:
         restore()
         return fn(lm, **inputs)
 
-    lm.forward = redirected
+    restore = _replace_forward(lm, redirected)
     try:
         return model(**inputs)
     finally:
@@ -319,7 +325,7 @@ __all__ = [
     "get_decoder",
     "final_hidden_states",
     "lm_head",
-    "gather_lm_head",
+    "call_head",
     "call_in_forward",
     "check_lm_head",
 ]

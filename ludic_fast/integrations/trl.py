@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ludic_fast.integrations.transformers import LMHead, call_in_forward, final_hidden_states, gather_lm_head, lm_head
+from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
 from ludic_fast.ops.fused_loss import FusedPlan, fused_head_loss
 from ludic_fast.ops.torch_head import HeadTransform
 
@@ -105,9 +105,13 @@ class FastGRPOTrainer(GRPOTrainer):
         with self.accelerator.autocast():
             hidden = _head_rows(lm, input_ids, attention_mask, n_keep)
         targets = input_ids[:, -n_keep:].masked_fill(attention_mask[:, -n_keep:] == 0, -100)
-        with gather_lm_head(lm), torch.autocast(hidden.device.type, enabled=False):
-            out = lm_head(lm).logprobs(hidden, targets, temperature=self.temperature, entropy=with_entropy)
-        return out.logprobs, out.entropy
+
+        def head_logprobs(head: LMHead, h: Tensor) -> tuple[Tensor, Tensor | None]:
+            with torch.autocast(h.device.type, enabled=False):
+                out = head.logprobs(h, targets, temperature=self.temperature, entropy=with_entropy)
+            return out.logprobs, out.entropy
+
+        return call_head(lm, head_logprobs, hidden)
 
     # --- the loss ---------------------------------------------------------------------------------------------
 
@@ -140,21 +144,22 @@ class FastGRPOTrainer(GRPOTrainer):
             hidden = _head_rows(lm, input_ids, attention_mask, C)
         targets = inputs["completion_ids"].masked_fill(completion_mask == 0, -100)
         objective = _GRPOObjective(self, inputs, mode)
-        with gather_lm_head(lm), torch.autocast(hidden.device.type, enabled=False):
-            head = lm_head(lm)
-            if torch.is_grad_enabled():
+
+        def head_loss(head: LMHead, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            with torch.autocast(h.device.type, enabled=False):
+                if not torch.is_grad_enabled():
+                    out = head.logprobs(h, targets, temperature=self.temperature)
+                    lp, ent = out.logprobs.reshape(-1), out.entropy.reshape(-1)
+                    return objective(lp, ent, None), lp, ent
                 plan = FusedPlan(
-                    transform=_transform(head, self.temperature, B * C, hidden.device),
+                    transform=_transform(head, self.temperature, B * C, h.device),
                     objective=objective,
                     coupled=not self._token_local(),
                     with_entropy=True,
                 )
-                h2 = hidden.reshape(B * C, -1)
-                loss, lp, ent = fused_head_loss(h2, head.weight, head.bias, targets.reshape(-1), plan)
-            else:
-                out = head.logprobs(hidden, targets, temperature=self.temperature)
-                lp, ent = out.logprobs.reshape(-1), out.entropy.reshape(-1)
-                loss = objective(lp, ent, None)
+                return fused_head_loss(h.reshape(B * C, -1), head.weight, head.bias, targets.reshape(-1), plan)
+
+        loss, lp, ent = call_head(lm, head_loss, hidden)
         lp = lp.detach().view(B, C) * objective.valid
         ent = ent.detach().view(B, C) * objective.valid
         self._log_loss_metrics(objective, lp, ent, mode)

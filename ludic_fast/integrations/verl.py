@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ludic_fast.integrations.transformers import final_hidden_states, gather_lm_head, lm_head, unwrap_model
+from ludic_fast.integrations.transformers import call_head, final_hidden_states, unwrap_model
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 
@@ -82,9 +82,12 @@ def fused_ppo_forward(
         targets = shift_labels
     else:
         targets = torch.roll(input_ids if labels is None else labels, shifts=-1, dims=-1)
-    with gather_lm_head(model):
-        head = lm_head(model, fp32_head=fp32_head)
-        out = head.logprobs(hidden, targets, temperature=temperature, entropy=calculate_entropy)
+    out = call_head(
+        model,
+        lambda head, h: head.logprobs(h, targets, temperature=temperature, entropy=calculate_entropy),
+        hidden,
+        fp32_head=fp32_head,
+    )
     return FusedPPOOutput(log_probs=out.logprobs, entropy=out.entropy)
 
 

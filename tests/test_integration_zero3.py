@@ -1,0 +1,110 @@
+"""DeepSpeed ZeRO-3 on a 2-process gloo group (DeepSpeed's CPU accelerator): the fused head reads a head weight
+that ZeRO-3 partitions outside its module's forward. Through `call_head` the generic op (verl's fused
+forward, which recomputes logits from W in backward) and the fused-loss op (Ludic's `compute_loss`, dW
+formed in the forward) give every parameter the gradient of the unsharded model's own-logits loss,
+averaged over the ranks' batches as ZeRO-3 averages them; with untied and tied heads and LoRA on lm_head."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ludic_fast import losses, reference
+from ludic_fast.distributed.local import run_local_group
+
+pytest.importorskip("deepspeed", reason="deepspeed not installed")
+transformers = pytest.importorskip("transformers", reason="transformers not installed")
+peft = pytest.importorskip("peft", reason="peft not installed")
+
+pytestmark = pytest.mark.timeout(600)
+V = 89
+WORLD = 2
+
+
+def _model(tied: bool, lora_head: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float().train()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(5.0)
+    if lora_head:
+        lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["lm_head", "q_proj"], init_lora_weights=False)
+        model = peft.get_peft_model(model, lora)
+    return model
+
+
+def _batch(rank: int) -> dict[str, torch.Tensor]:
+    from test_integration_ludic import ludic_batch
+
+    return ludic_batch(V, seed=10 + rank)
+
+
+def _verl_objective(lp: torch.Tensor, ent: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A loss on per-position log p and H that weighs both (verl's rolled layout: position t scores t+1)."""
+    mask = batch["action_mask"].roll(-1, -1)
+    return ((lp * batch["weight"][:, None] + 0.3 * ent) * mask).sum() / mask.sum()
+
+
+def _own_logits_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], path: str) -> torch.Tensor:
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    if path == "ludic_cispo":
+        return reference.CISPOLoss()(batch, logits=logits)[0]
+    logp = torch.log_softmax(logits, -1)
+    lp = logp.gather(-1, batch["input_ids"].roll(-1, -1)[..., None]).squeeze(-1)
+    return _verl_objective(lp, -(logp.exp() * logp).sum(-1), batch)
+
+
+def _fused_loss(engine, batch: dict[str, torch.Tensor], path: str) -> torch.Tensor:
+    from ludic_fast.integrations import ludic as ludic_integration
+    from ludic_fast.integrations import verl as verl_integration
+
+    if path == "ludic_cispo":
+        return ludic_integration.compute_loss(engine, losses.CISPOLoss(), batch)[0]
+    verl_integration.patch_fused_forward(engine.module)
+    try:
+        out = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], temperature=1.0)
+    finally:
+        verl_integration.unpatch_fused_forward(engine.module)
+    return _verl_objective(out.log_probs, out.entropy, batch)
+
+
+def _check(rank: int, tied: bool, lora_head: bool, path: str) -> None:
+    import deepspeed
+    from deepspeed.utils import safe_get_full_grad
+
+    single = _model(tied, lora_head)
+    for r in range(WORLD):  # ZeRO-3 averages the ranks' gradients
+        (_own_logits_loss(single, _batch(r), path) / WORLD).backward()
+    want = {n: p.grad for n, p in single.named_parameters() if p.requires_grad}
+
+    model = _model(tied, lora_head)
+    config = {"train_micro_batch_size_per_gpu": 4, "zero_allow_untested_optimizer": True,
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+              "optimizer": {"type": "SGD", "params": {"lr": 0.0}}}
+    engine, *_ = deepspeed.initialize(model=model, config=config,
+                                      model_parameters=[p for p in model.parameters() if p.requires_grad])
+    head = model.get_output_embeddings()
+    head_weight = head.base_layer.weight if lora_head else head.weight
+    assert head_weight.numel() == 0, "the head weight is partitioned outside its module's forward"
+    engine.backward(_fused_loss(engine, _batch(rank), path))
+    got = {n: safe_get_full_grad(p) for n, p in model.named_parameters() if p.requires_grad}
+    assert got.keys() == want.keys()
+    case = f"tied={tied} lora_head={lora_head} {path}"
+    for name, g in want.items():
+        torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{case}, {n}: {m}")
+    engine.destroy()
+
+
+def _worker(rank: int, world: int) -> None:
+    os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    for tied, lora_head in [(False, False), (True, False), (False, True)]:
+        for path in ("verl_forward", "ludic_cispo"):
+            _check(rank, tied, lora_head, path)
+
+
+def test_fused_head_under_zero3_gets_the_unsharded_gradients():
+    run_local_group(_worker, WORLD)
