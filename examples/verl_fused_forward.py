@@ -1,7 +1,8 @@
 """verl drop-in pieces on a tiny model: the fused forward (log_probs + entropy from hidden states) and a
 registered policy loss, exactly as verl's actor uses them with `use_fused_kernels=True`.
 
-    .venv/bin/python examples/verl_fused_forward.py
+    .venv/bin/python examples/verl_fused_forward.py        # without verl: our function directly
+    .venv-verl/bin/python examples/verl_fused_forward.py   # with verl: the loss fetched from verl's registry
 
 In a verl run: import `ludic_fast.integrations.verl` in the workers (verl's `external_lib`), call
 `patch_fused_forward(model)` where verl would apply its own fused-kernel patch, and set
@@ -14,6 +15,15 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from ludic_fast.integrations.verl import patch_fused_forward, policy_loss_cispo
+
+
+def cispo_loss_fn():
+    """verl's registered `ludic_fast_cispo` when verl is importable (as its actor looks it up), else ours."""
+    try:
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    except ImportError:
+        return policy_loss_cispo, "ludic_fast.integrations.verl.policy_loss_cispo"
+    return get_policy_loss_fn("ludic_fast_cispo"), "verl get_policy_loss_fn('ludic_fast_cispo')"
 
 
 def main() -> None:
@@ -30,7 +40,9 @@ def main() -> None:
     old_log_prob = log_prob.detach() + 0.1 * torch.randn(B, R)
     advantages = torch.randn(B, 1).expand(B, R)
     mask = torch.ones(B, R)
-    loss, metrics = policy_loss_cispo(old_log_prob, log_prob, advantages, mask, "token-mean",
+    loss_fn, source = cispo_loss_fn()
+    print(f"policy loss from {source}")
+    loss, metrics = loss_fn(old_log_prob, log_prob, advantages, mask, "token-mean",
                                       {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28})
     loss.backward()
     print(f"loss {loss.item():.5f}  entropy {entropy.mean().item():.4f}  metrics {metrics}")
