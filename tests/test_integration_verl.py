@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import runpy
+from pathlib import Path
 
 import pytest
 import torch
@@ -208,3 +210,11 @@ def test_patched_forward_equals_verls_fused_torch_forward(temperature):
     assert g1.keys() == g2.keys()
     for name in g1:
         torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_the_verl_example_runs_and_takes_the_loss_from_verls_registry_when_present(capsys):
+    example = Path(__file__).resolve().parents[1] / "examples" / "verl_fused_forward.py"
+    runpy.run_path(str(example), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "|grad lm_head|" in out
+    assert ("verl get_policy_loss_fn('ludic_fast_cispo')" in out) == HAS_VERL
