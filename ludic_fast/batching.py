@@ -19,6 +19,9 @@ Packed collation (`collate_packed`): the same keys with every per-token tensor o
     (restarting at 0 for every sequence).
 Losses on the packed layout must not let the causal shift cross a boundary: the token at cu[s] is
 never scored (as position 0 of a padded row is not).
+Both take `macro=MacroTotals.of(all items of the step)`: then every micro-batch also carries the
+macro-batch totals `macro_tokens_per_seq`, `macro_prompts_per_seq` (0-d) and `macro_prompt_tokens` [B]
+(token_batch.py), so token_mean / prompt_mean losses weighted by items / N sum to the macro-batch loss.
 """
 
 from __future__ import annotations
@@ -175,6 +178,51 @@ def split_items_by_token_budget(
 
 
 # ------------------------------------------------------------------------------------------ collation
+def _action_tokens(item: SAWItem) -> float:
+    """Σ M over the tokens a loss scores (position 0 never is: nothing precedes it)."""
+    return float(sum(item.action_mask[1:]))
+
+
+@dataclass(frozen=True)
+class MacroTotals:
+    """Counts of a whole macro-batch (the items of one trainer step) for its micro-batches.
+
+    tokens_per_seq = max(1, Σ M) / N, prompts_per_seq = P / N (an item without a group id is a prompt
+    of its own), prompt_tokens[g] = Σ M over the items of group g.
+    """
+
+    tokens_per_seq: float
+    prompts_per_seq: float
+    prompt_tokens: Mapping[str, float]
+
+    @classmethod
+    def of(cls, items: Sequence[SAWItem]) -> MacroTotals:
+        if not items:
+            raise ValueError("MacroTotals.of needs at least one item")
+        prompt_tokens: dict[str, float] = {}
+        ungrouped = 0
+        for item in items:
+            gid = group_id_of(item.meta)
+            if gid is None:
+                ungrouped += 1
+            else:
+                prompt_tokens[gid] = prompt_tokens.get(gid, 0.0) + _action_tokens(item)
+        total = sum(_action_tokens(i) for i in items)
+        n = len(items)
+        return cls(max(1.0, total) / n, (len(prompt_tokens) + ungrouped) / n, prompt_tokens)
+
+    def tensors(self, items: Sequence[SAWItem], device: torch.device | str | None) -> dict[str, Tensor]:
+        """The macro-batch keys of a micro-batch holding `items` (token_batch.py)."""
+        sizes = [
+            self.prompt_tokens[gid] if (gid := group_id_of(i.meta)) is not None else _action_tokens(i) for i in items
+        ]
+        return {
+            "macro_tokens_per_seq": torch.tensor(self.tokens_per_seq, dtype=torch.float32, device=device),
+            "macro_prompts_per_seq": torch.tensor(self.prompts_per_seq, dtype=torch.float32, device=device),
+            "macro_prompt_tokens": torch.tensor(sizes, dtype=torch.float32, device=device),
+        }
+
+
 def group_index_of(items: Sequence[SAWItem]) -> dict[str, int]:
     """{group id: int} in order of first appearance (use one index for every micro-batch of a step)."""
     index: dict[str, int] = {}
@@ -186,10 +234,16 @@ def group_index_of(items: Sequence[SAWItem]) -> dict[str, int]:
 
 
 def _sequence_tensors(
-    items: Sequence[SAWItem], device: torch.device | str | None, group_index: Mapping[str, int] | None
+    items: Sequence[SAWItem],
+    device: torch.device | str | None,
+    group_index: Mapping[str, int] | None,
+    macro: MacroTotals | None,
 ) -> dict[str, Tensor]:
-    """Per-sequence tensors shared by both layouts: weight, old_logp_action, group_id, zvp_direction."""
+    """Per-sequence tensors shared by both layouts: weight, old_logp_action, group_id, zvp_direction, and the
+    macro-batch totals when given."""
     out = {"weight": torch.tensor([float(i.weight) for i in items], dtype=torch.float32, device=device)}
+    if macro is not None:
+        out.update(macro.tensors(items, device))
     has_logps = [i.actor_logps is not None for i in items]
     if any(has_logps):
         if not all(has_logps):
@@ -235,6 +289,7 @@ def collate_saw_items(
     pad_token_id: int,
     device: torch.device | str | None = None,
     group_index: Mapping[str, int] | None = None,
+    macro: MacroTotals | None = None,
 ) -> dict[str, Tensor]:
     """Right-padded [B, T] tensors of a micro-batch (keys in the module docstring)."""
     if not items:
@@ -249,7 +304,7 @@ def collate_saw_items(
         attention_mask[b, :n] = torch.tensor(item.attention_mask, dtype=torch.long)
         action_mask[b, :n] = torch.tensor(item.action_mask, dtype=torch.float32)
     out = {"input_ids": input_ids, "attention_mask": attention_mask, "action_mask": action_mask}
-    seq = _sequence_tensors(items, device, group_index)
+    seq = _sequence_tensors(items, device, group_index, macro)
     if "old_logp_action" in seq:
         actor = torch.zeros((B, T), dtype=torch.float32)
         for b, item in enumerate(items):
@@ -265,6 +320,7 @@ def collate_packed(
     *,
     device: torch.device | str | None = None,
     group_index: Mapping[str, int] | None = None,
+    macro: MacroTotals | None = None,
 ) -> dict[str, Tensor]:
     """One packed row of S sequences, no padding (keys in the module docstring)."""
     if not items:
@@ -272,7 +328,7 @@ def collate_packed(
     lengths = [len(i.input_ids) for i in items]
     cu_seqlens = torch.zeros(len(items) + 1, dtype=torch.int32)
     cu_seqlens[1:] = torch.cumsum(torch.tensor(lengths), 0)
-    seq = _sequence_tensors(items, device, group_index)
+    seq = _sequence_tensors(items, device, group_index, macro)
     out = {
         "input_ids": torch.tensor([t for i in items for t in i.input_ids], dtype=torch.long)[None],
         "attention_mask": torch.tensor([m for i in items for m in i.attention_mask], dtype=torch.long)[None],
@@ -332,17 +388,21 @@ def collate_micro_batches(
     max_seq_len: int,
     layout: Layout = "padded",
 ) -> list[MicroBatch]:
-    """Split by token budget and collate each chunk; group ids are numbered over all items at once."""
+    """Split by token budget and collate each chunk; group ids are numbered and macro-batch totals taken over
+    all (truncated) items at once."""
     chunks = split_items_by_token_budget(
         items, micro_token_budget=micro_token_budget, max_seq_len=max_seq_len, layout=layout
     )
     index = group_index_of(items)
+    macro = MacroTotals.of([it for chunk in chunks for it in chunk]) if chunks else None
     out = []
     for chunk in chunks:
         if layout == "padded":
-            tensors = collate_saw_items(chunk, pad_token_id=pad_token_id, device=device, group_index=index)
+            tensors = collate_saw_items(
+                chunk, pad_token_id=pad_token_id, device=device, group_index=index, macro=macro
+            )
         else:
-            tensors = collate_packed(chunk, device=device, group_index=index)
+            tensors = collate_packed(chunk, device=device, group_index=index, macro=macro)
         out.append(MicroBatch(tensors=tensors, num_items=len(chunk), padding=PaddingReport.of(chunk, layout)))
     return out
 
@@ -402,6 +462,7 @@ __all__ = [
     "saw_item_from_step",
     "split_items_by_token_budget",
     "group_index_of",
+    "MacroTotals",
     "collate_saw_items",
     "collate_packed",
     "PaddingReport",

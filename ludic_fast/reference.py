@@ -524,10 +524,14 @@ def _token_values(batch: Batch, key: str, owner: str) -> Tensor:
 
 
 def _aggregate(x: Tensor, s: _Shifted, aggregation: str, normalizer: float | None, norm_length: float | None) -> Tensor:
-    """Reduce the masked per-token terms x [B, T-1] (already multiplied by M) to the loss."""
+    """Reduce the masked per-token terms x [B, T-1] (already multiplied by M) to the loss. With the trainer's
+    macro-batch totals in the batch (token_batch.py), token and prompt counts are the macro-batch's."""
     B = x.shape[0]
+    macro = "macro_tokens_per_seq" in s.batch
     if aggregation == "token_mean":
-        return x.sum() / (normalizer if normalizer is not None else s.mask.sum().clamp(min=1.0))
+        if normalizer is None:
+            normalizer = B * s.batch["macro_tokens_per_seq"] if macro else s.mask.sum().clamp(min=1.0)
+        return x.sum() / normalizer
     if aggregation == "seq_mean_token_mean":
         return (x.sum(-1) / s.counts).sum() / (normalizer or B)
     if aggregation == "seq_mean_token_sum":
@@ -539,9 +543,12 @@ def _aggregate(x: Tensor, s: _Shifted, aggregation: str, normalizer: float | Non
         per_prompt = []
         for g in torch.unique(groups):
             rows = groups == g
-            per_prompt.append(x[rows].sum() / s.mask[rows].sum().clamp(min=1.0))
+            size = s.batch["macro_prompt_tokens"][rows][0] if macro else s.mask[rows].sum()
+            per_prompt.append(x[rows].sum() / size.clamp(min=1.0))
         total = torch.stack(per_prompt).sum()
-        return total / (normalizer if normalizer is not None else len(per_prompt))
+        if normalizer is None:
+            normalizer = B * s.batch["macro_prompts_per_seq"] if macro else len(per_prompt)
+        return total / normalizer
     raise ValueError(f"unknown aggregation {aggregation!r}")
 
 

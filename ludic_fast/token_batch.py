@@ -12,6 +12,13 @@ A Ludic batch scores token x[j+1] from position j (causal shift). Position j is 
 Ludic's `actor_logps[:, 1:]`). Per-sequence constants: `counts` n_b = max(1, sum M), `raw_counts`,
 the number of sequences S, and a dense prompt index built from `group_id`.
 
+Macro-batch totals (optional batch keys, set by the trainer's collation, `batching.MacroTotals`): a
+micro-batch of S sequences out of a macro-batch of N that the trainer weighs by S / N can carry
+`macro_tokens_per_seq` (0-d: max(1, Σ M over the macro-batch) / N), `macro_prompts_per_seq` (0-d: prompts / N)
+and `macro_prompt_tokens` ([S]: Σ M over the macro-batch sequences of each sequence's prompt). token_mean
+and prompt_mean then divide by macro-batch counts, so Σ_k (S_k / N) loss_k is the macro-batch loss for
+any split into micro-batches.
+
 Building the index costs one host sync (`nonzero`, the number of action tokens); nothing else here syncs.
 """
 
@@ -67,6 +74,21 @@ def _dense_groups(group_id: Tensor) -> tuple[Tensor, Tensor]:
     return dense, new.sum()
 
 
+MACRO_KEYS = ("macro_tokens_per_seq", "macro_prompts_per_seq", "macro_prompt_tokens")
+
+
+def _check_macro_totals(batch: Mapping[str, Tensor], n_seq: int) -> None:
+    present = [k for k in MACRO_KEYS if k in batch]
+    if present and len(present) != len(MACRO_KEYS):
+        raise ValueError(f"macro-batch totals come together: got {present}, need all of {MACRO_KEYS}")
+    if present:
+        for key in MACRO_KEYS[:2]:
+            if not isinstance(batch[key], Tensor) or batch[key].ndim != 0:
+                raise ValueError(f"batch[{key!r}] must be a 0-d tensor")
+        if tuple(batch["macro_prompt_tokens"].shape) != (n_seq,):
+            raise ValueError(f"batch['macro_prompt_tokens'] must have shape [{n_seq}] (per sequence)")
+
+
 @dataclass(frozen=True)
 class TokenBatch:
     """Action tokens of a batch in flat form (see the module docstring). `tokens` holds every per-token
@@ -107,6 +129,7 @@ class TokenBatch:
                 seqs[key] = val if key == "group_id" else val.float()
         if "group_id" in seqs:
             seqs["prompt"], seqs["n_prompts"] = _dense_groups(seqs["group_id"])
+        _check_macro_totals(batch, n_seq)
         return cls(rows, tokens, seqs, n_seq, mask.sum(), batch)
 
     def subset(self, sel: slice) -> TokenBatch:
@@ -174,21 +197,32 @@ class TokenBatch:
         seq_mean_token_sum       c = 1 / (normalizer or S)
         seq_mean_token_sum_norm  c = 1 / ((normalizer or S) * norm_length)     (Dr. GRPO constant)
         prompt_mean              c = 1 / (sum of n_b over the prompt's sequences * (normalizer or #prompts))
+
+        With macro-batch totals in the batch (module docstring): max(1, sum M) -> S macro_tokens_per_seq,
+        #prompts -> S macro_prompts_per_seq, the prompt's token sum -> macro_prompt_tokens.
         """
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
         if normalizer is not None and normalizer <= 0:
             raise ValueError(f"normalizer must be > 0, got {normalizer}")
         one = torch.ones_like(self.mask)
+        macro = self.batch.get
         if aggregation == "token_mean":
-            return one / (normalizer if normalizer is not None else self.total_mask.clamp(min=1.0))
+            if normalizer is None:
+                per_seq = macro("macro_tokens_per_seq")
+                normalizer = self.total_mask.clamp(min=1.0) if per_seq is None else self.n_seq * per_seq
+            return one / normalizer
         if aggregation == "prompt_mean":
             if "prompt" not in self.seqs:
                 raise KeyError("aggregation='prompt_mean' requires batch['group_id'] (one prompt id per sequence)")
             prompt = self.seqs["prompt"]
-            size = torch.zeros_like(self.seqs["raw_counts"]).index_add_(0, prompt, self.seqs["raw_counts"])
-            n_p = normalizer if normalizer is not None else self.seqs["n_prompts"].clamp(min=1)
-            return one / (size.clamp(min=1.0)[prompt[self.seq]] * n_p)
+            size = macro("macro_prompt_tokens")
+            if size is None:
+                size = torch.zeros_like(self.seqs["raw_counts"]).index_add_(0, prompt, self.seqs["raw_counts"])[prompt]
+            if normalizer is None:
+                per_seq = macro("macro_prompts_per_seq")
+                normalizer = self.seqs["n_prompts"].clamp(min=1) if per_seq is None else self.n_seq * per_seq
+            return one / (size.float().clamp(min=1.0)[self.seq] * normalizer)
         denom = float(normalizer if normalizer is not None else self.n_seq)
         if aggregation == "seq_mean_token_mean":
             return one / (self.seqs["counts"][self.seq] * denom)
@@ -199,4 +233,4 @@ class TokenBatch:
         return one / denom
 
 
-__all__ = ["TokenBatch", "AGGREGATIONS"]
+__all__ = ["TokenBatch", "AGGREGATIONS", "MACRO_KEYS"]

@@ -7,7 +7,8 @@ One `train_step()`:
 3. per chunk k with n_k items: hidden states from the base model (no logits), the LM head from
    `integrations.transformers.lm_head` (run as the head module's forward, `call_head`, so ZeRO-3 gathers it),
    `loss_k = algo.compute_loss(batch, hidden=h, **head)`, then
-   `(loss_k * n_k / N).backward()` — the accumulated gradient is that of the mean over all N sequences;
+   `(loss_k * n_k / N).backward()` — the accumulated gradient is that of the mean over all N sequences
+   (token_mean / prompt_mean divide by the step's counts: each micro-batch carries `MacroTotals`);
 4. grad-norm clipping (the norm before clipping is logged); if the loss or the gradient norm is not finite
    the step is skipped: gradients dropped, weights, optimizer and LR schedule untouched (bit-identical),
    `skipped_steps` counted and logged;
@@ -38,7 +39,13 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.algorithm import RLAlgorithm
-from ludic_fast.batching import collate_packed, collate_saw_items, group_index_of, split_items_by_token_budget
+from ludic_fast.batching import (
+    MacroTotals,
+    collate_packed,
+    collate_saw_items,
+    group_index_of,
+    split_items_by_token_budget,
+)
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
 from ludic_fast.distributed.rank0 import Rank0Publisher
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
@@ -245,10 +252,12 @@ class Trainer:
             self.model.enable_input_require_grads()
 
     # ------------------------------------------------------------------------------------------ loss
-    def _collate(self, chunk: list, index: Mapping[str, int]) -> dict[str, Tensor]:
+    def _collate(self, chunk: list, index: Mapping[str, int], macro: MacroTotals) -> dict[str, Tensor]:
         if self.cfg.layout == "packed":
-            return collate_packed(chunk, device=self.device, group_index=index)
-        return collate_saw_items(chunk, pad_token_id=self.cfg.pad_token_id, device=self.device, group_index=index)
+            return collate_packed(chunk, device=self.device, group_index=index, macro=macro)
+        return collate_saw_items(
+            chunk, pad_token_id=self.cfg.pad_token_id, device=self.device, group_index=index, macro=macro
+        )
 
     def _model_inputs(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
@@ -323,11 +332,11 @@ class Trainer:
         n_total = len(saw_batch.items)
         if n_total == 0:
             raise ValueError("no items to train on after preprocessing")
-        index = group_index_of(saw_batch.items)
+        index, macro = group_index_of(saw_batch.items), MacroTotals.of(saw_batch.items)
         micro_stats, sizes, kl_ref = [], [], []
         total_loss = torch.zeros((), device=self.device)
         for chunk in chunks:
-            batch = self._collate(chunk, index)
+            batch = self._collate(chunk, index, macro)
             if self.ref_model is not None:
                 batch["ref_logps"] = self.reference_logps(batch)
                 if "actor_logps" in batch:

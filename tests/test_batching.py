@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from ludic_fast import losses, reference
 from ludic_fast.batching import (
     GRPORequestStrategy,
+    MacroTotals,
     PaddingReport,
     collate_micro_batches,
     collate_packed,
@@ -346,3 +347,32 @@ def test_packed_rule_counts_real_tokens():
     packed = split_items_by_token_budget(items, micro_token_budget=12, max_seq_len=8, layout="packed")
     assert [len(c) for c in padded] == [4, 1]  # 8 * 5 = 40 > 12
     assert [len(c) for c in packed] == [5]  # 1 + 1 + 1 + 1 + 8 = 12
+
+
+def test_macro_totals_by_hand():
+    """A, B in group g (2 and 3 scored tokens), C ungrouped (1: position 0 is never scored): N = 3, Σ M = 6,
+    prompts {g, C}."""
+    a = _item([5, 6, 7], [0, 1, 1], meta={"group_id": "g"})
+    b = _item([5, 6, 7, 8, 9], [0, 0, 1, 1, 1], meta={"group_id": "g"})
+    c = _item([5, 6], [1, 1])
+    macro = MacroTotals.of([a, b, c])
+    assert macro.tokens_per_seq == pytest.approx(2.0) and macro.prompts_per_seq == pytest.approx(2 / 3)
+    assert dict(macro.prompt_tokens) == {"g": 5.0}
+    batch = collate_saw_items([c, a], pad_token_id=0, macro=macro)
+    assert batch["macro_prompt_tokens"].tolist() == [1.0, 5.0]
+    assert float(batch["macro_tokens_per_seq"]) == 2.0 and batch["macro_prompts_per_seq"].ndim == 0
+    packed = collate_packed([c, a], macro=macro)
+    assert packed["macro_prompt_tokens"].tolist() == [1.0, 5.0]
+    with pytest.raises(ValueError, match="at least one item"):
+        MacroTotals.of([])
+
+
+def test_collate_micro_batches_carries_the_totals_of_all_items():
+    items = [_item([1] * n, meta={"group_id": f"g{n % 2}"}) for n in (2, 3, 4, 5)]  # n - 1 scored tokens each
+    mbs = collate_micro_batches(items, pad_token_id=0, micro_token_budget=6, max_seq_len=5)
+    assert len(mbs) > 1
+    for mb in mbs:
+        assert float(mb.tensors["macro_tokens_per_seq"]) == pytest.approx(10 / 4)
+        sizes = {"g0": 1 + 3, "g1": 2 + 4}
+        lengths = mb.tensors["attention_mask"].sum(-1).tolist()
+        assert mb.tensors["macro_prompt_tokens"].tolist() == [float(sizes[f"g{n % 2}"]) for n in lengths]

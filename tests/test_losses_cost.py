@@ -3,6 +3,8 @@ N*V elements, micro-batch invariance, degenerate batches, NaN propagation."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from _alloc import LargestAllocation
@@ -89,10 +91,11 @@ def test_no_tensor_of_n_by_v_elements(name, fused):
 # Invariant under the trainer's rule (micro-loss x items/N, summed): every loss that averages per-sequence
 # values over the micro-batch rows. NOT invariant, by their semantics:
 #   ReinforceBaselineLoss    the baseline (and std) are micro-batch statistics;
-#   EntropyBonus, aggregation='token_mean'  the denominator is the micro-batch token count (pass the global
-#                            count as `normalizer` and sum the micro-losses unscaled instead: checked below);
-#   aggregation='prompt_mean' (ScaleRLLoss)  invariant only when micro-batches hold whole prompts of equal
-#                            size (the case below); otherwise each prompt's weight changes;
+#   EntropyBonus             the denominator is the micro-batch token count (Ludic's semantics);
+#   aggregation='token_mean' / 'prompt_mean' (ScaleRLLoss)  on a bare micro-batch the denominators are its own
+#                            token / prompt counts (invariant here only because the halves hold whole prompts
+#                            of equal size); with the trainer's macro-batch totals in the batch (or a global
+#                            `normalizer`, summed unscaled) they are invariant for any split: checked below;
 #   entropy_top_rho          the entropy quantile is taken over the micro-batch;
 #   any caller `normalizer`  already global: sum the micro-losses unscaled (checked below), do not scale.
 INVARIANT = ["reinforce", "reinforce_ln", "sft", "gspo", "gspo_token", "token_clipped", "token_clipped_ln_delta",
@@ -135,6 +138,58 @@ def test_token_mean_with_global_normalizer_sums_exactly():
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)
     local = L.CISPOLoss(aggregation="token_mean")(batch, logits=R.head_logits(h, W, b))[0]
     assert float(local.detach()) == pytest.approx(float(full.detach()), rel=1e-5)
+
+
+# ------------------------------------------------------------------------- macro-batch totals (trainer)
+MACRO_AGGREGATED = ["ppo_token_mean_dual_k3is", "sapo_token_mean_entropy", "scalerl", "ppo_prompt_mis_seq_entropy"]
+
+
+def _with_macro_totals(batch, rows):
+    """Micro-batch `rows` of `batch` carrying the totals of the whole batch (hand-computed, token_batch.py)."""
+    n = batch["action_mask"][:, 1:].sum(-1)  # scored tokens per sequence
+    groups = batch["group_id"]
+    B = groups.numel()
+    part = _split(batch, rows)
+    part["macro_tokens_per_seq"] = n.sum().clamp(min=1.0) / B
+    part["macro_prompts_per_seq"] = torch.tensor(torch.unique(groups).numel() / B)
+    part["macro_prompt_tokens"] = torch.stack([n[groups == g].sum() for g in groups])[rows]
+    return part
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("name", MACRO_AGGREGATED)
+def test_macro_totals_make_token_and_prompt_means_split_invariant(name, fused):
+    """token_mean / prompt_mean with the trainer's macro-batch totals: any split (here one that cuts prompt 7
+    in two and leaves micro-batches of unequal size), weighted by items / N, gives the whole-batch loss."""
+    batch, h, W, b = make_batch(3)
+    loss_fn = functools.partial(_loss(name), fused=fused)
+    full, g_full = _grads(loss_fn, [(batch, slice(None), 1.0)], h, W, b)
+    parts = [(_with_macro_totals(batch, s), s, (s.stop - s.start) / 4) for s in (slice(0, 1), slice(1, 4))]
+    split, g_split = _grads(loss_fn, parts, h, W, b)
+    assert float(split.detach()) == pytest.approx(float(full.detach()), rel=1e-5, abs=1e-6)
+    for a, c in zip(g_split, g_full):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)
+    without, _ = _grads(loss_fn, [(_split(batch, s), s, w) for _, s, w in parts], h, W, b)
+    assert abs(float(without.detach()) - float(full.detach())) > 1e-4  # the per-micro-batch means differ
+
+
+@pytest.mark.parametrize("name", MACRO_AGGREGATED)
+def test_macro_totals_match_the_reference(name):
+    _, loss_fn, ref_fn = CASES[CASE_IDS.index(name)]
+    batch, h, W, b = make_batch(4)
+    part = _with_macro_totals(batch, slice(1, 4))
+    loss, _ = loss_fn(part, hidden=h[1:4], weight=W, bias=b)
+    ref, _ = ref_fn(part, logits=R.head_logits(h[1:4], W, b))
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-5, abs=1e-7)
+    for x, y in zip(torch.autograd.grad(loss, (h, W)), torch.autograd.grad(ref, (h, W))):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7)
+
+
+def test_macro_totals_come_together():
+    batch, h, W, b = make_batch(0)
+    batch["macro_tokens_per_seq"] = torch.tensor(3.0)
+    with pytest.raises(ValueError, match="macro-batch totals come together"):
+        L.CISPOLoss(aggregation="token_mean")(batch, hidden=h, weight=W, bias=b)
 
 
 # ------------------------------------------------------------------------------------ degenerate batches

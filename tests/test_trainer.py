@@ -11,8 +11,8 @@ import torch
 from _trainer_fixtures import TOKENIZER, ListSource, make_items, tiny_model
 
 from ludic_fast import reference
-from ludic_fast.algorithm import RLAlgorithm, make_cispo, make_sft
-from ludic_fast.batching import collate_saw_items
+from ludic_fast.algorithm import RLAlgorithm, make_cispo, make_dapo, make_scalerl, make_sft
+from ludic_fast.batching import collate_saw_items, group_index_of
 from ludic_fast.credit import ConstantCredit
 from ludic_fast.losses import CISPOLoss
 from ludic_fast.stats import default_reducers
@@ -80,6 +80,30 @@ def test_micro_batch_split_does_not_change_gradient():
         trainer.accumulate_gradients(SAWBatch(items=list(items)))
         grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("make", [make_dapo, make_scalerl], ids=["dapo_token_mean", "scalerl_prompt_mean"])
+def test_token_and_prompt_means_are_macro_batch_means_under_any_split(make):
+    """DAPO's token mean and ScaleRL's prompt mean over the whole step, however the length sort splits the
+    items (and their prompts) into micro-batches: the gradient equals the one-micro-batch gradient and the
+    reference loss on the full batch's logits."""
+    items = make_items(9, seed=5, groups=3)
+    algo = make(group_size=3)
+    grads = []
+    for budget in (10, 90):
+        trainer = _trainer(items, algo=algo, micro_token_budget=budget, max_seq_len=10)
+        _, _, sizes, _ = trainer.accumulate_gradients(SAWBatch(items=list(items)))
+        assert (len(sizes) > 2) == (budget == 10)
+        grads.append({n: p.grad for n, p in trainer.model.named_parameters()})
+    ref_model = tiny_model()
+    batch = collate_saw_items(items, pad_token_id=0, group_index=group_index_of(items))
+    logits = ref_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    ref_loss = {"dapo": reference.TokenSurrogateLoss("ppo", 0.2, 0.28, aggregation="token_mean"),
+                "scalerl": reference.ScaleRLLoss(eps_max=4.0)}[algo.name]
+    ref_loss(batch, logits=logits)[0].backward()
+    for name, p in ref_model.named_parameters():
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-7, msg=name)
+        torch.testing.assert_close(grads[0][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 # ---------------------------------------------------------------------------------- non-finite steps
