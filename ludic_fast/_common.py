@@ -87,17 +87,14 @@ def validate_head_inputs(
         raise TypeError(f"temperature must be a float or a tensor, got {type(temperature).__name__}")
     elif temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if targets.numel():
-        valid = targets != ignore_index
-        if bool(valid.any()):
-            upper = vocab_size if vocab_size is not None else V
-            t = targets[valid]
-            lo, hi = int(t.min()), int(t.max())
-            if lo < 0 or hi >= upper:
-                raise ValueError(
-                    f"targets must lie in [0, {upper}) or equal ignore_index={ignore_index}; "
-                    f"found values in [{lo}, {hi}]"
-                )
+    upper = vocab_size if vocab_size is not None else V
+    out_of_range = (targets != ignore_index) & ((targets < 0) | (targets >= upper))
+    if targets.numel() and bool(out_of_range.any()):  # the one host sync of a valid call
+        bad = targets[out_of_range]
+        raise ValueError(
+            f"targets must lie in [0, {upper}) or equal ignore_index={ignore_index}; "
+            f"found {bad.numel()} outside, in [{int(bad.min())}, {int(bad.max())}]"
+        )
 
 
 def per_token_temperature(temperature: float | Tensor, n_tokens: int, device: torch.device) -> Tensor:

@@ -133,14 +133,14 @@ class HeadLoss:
             loss, stats = self.objective(lp, H, tb, True)
             return loss, _detach(stats)
         h, temp = _hidden_rows(hidden, weight, tb), _rows_of(temperature, tb)
-        validate_head_inputs(h, weight, tb.targets, bias, logit_scale, softcap, temp, -100)
-        if not fused:
+        if not fused:  # linear_logprobs validates its inputs
             out = linear_logprobs(
                 h, weight, tb.targets, bias=bias, logit_scale=logit_scale, softcap=softcap, temperature=temp,
                 entropy=self.needs_entropy, backend=backend, chunk_elements=chunk_elements,
             )
             loss, stats = self.objective(out.logprobs, out.entropy, tb, True)
             return loss, _detach(stats)
+        validate_head_inputs(h, weight, tb.targets, bias, logit_scale, softcap, temp, -100)
         transform = HeadTransform.build(logit_scale, softcap, temp, tb.n, h.device)
 
         def objective(lp: Tensor, H: Tensor | None, rows: slice | None) -> Tensor:

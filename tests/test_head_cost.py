@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from _alloc import LargestAllocation
+from _alloc import HostSyncs, LargestAllocation
 from torch.utils.flop_counter import FlopCounterMode
 
 import ludic_fast
@@ -55,3 +55,13 @@ def test_matmul_flops_forward_2ndv_and_fwd_bwd_8ndv():
         out = ludic_fast.linear_logprobs(h, W, y, bias=b, chunk_elements=50 * V)
         (out.logprobs.sum() + out.entropy.sum()).backward()
     assert abs(total.get_total_flops() / ndv - 8.0) <= 0.08
+
+
+def test_one_host_sync_per_head_call():
+    """Only the target range check waits for the device (one bool()), forward and backward, with several chunks
+    and ignored rows; a scalar temperature adds none."""
+    h, W, b, y = _inputs(96, 16, 1009)
+    y[:7] = -100
+    with HostSyncs() as rec:
+        _fwd_bwd(h, W, b, y, chunk_elements=32 * 1009)
+    assert rec.ops == ["_local_scalar_dense"]

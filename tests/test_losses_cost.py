@@ -7,7 +7,7 @@ import functools
 
 import pytest
 import torch
-from _alloc import LargestAllocation
+from _alloc import HostSyncs, LargestAllocation
 from test_losses_common import CASE_IDS, CASES, make_batch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -190,6 +190,19 @@ def test_macro_totals_come_together():
     batch["macro_tokens_per_seq"] = torch.tensor(3.0)
     with pytest.raises(ValueError, match="macro-batch totals come together"):
         L.CISPOLoss(aggregation="token_mean")(batch, hidden=h, weight=W, bias=b)
+
+
+# ------------------------------------------------------------------------------------------ host syncs
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("name", ["cispo", "scalerl", "zvp_cispo", "gspo", "ppo_token_mean_dual_k3is"])
+def test_two_host_syncs_per_loss_call(name, fused):
+    """TokenBatch's `nonzero` (the number of action tokens) and the target range check; nothing else waits for
+    the device, forward or backward, token-local or coupled."""
+    batch, h, W, b = make_batch(0)
+    with HostSyncs() as rec:
+        loss, _ = _loss(name)(batch, hidden=h, weight=W, bias=b, fused=fused, chunk_elements=3 * 37)
+        loss.backward()
+    assert sorted(rec.ops) == ["_local_scalar_dense", "nonzero"]
 
 
 # ------------------------------------------------------------------------------------ degenerate batches
