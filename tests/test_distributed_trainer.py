@@ -1,6 +1,6 @@
 """Training under torch.distributed on a 2-process gloo group (CPU): Ludic's cross-rank stats reduction, and
-one `Trainer` step under DDP and under FSDP2 (`fully_shard`) equal to the single-process step on the union
-of both ranks' items."""
+one `Trainer` step under DDP and under FSDP2 (`fully_shard` on the layers and the root, and with the head as
+its own unit) equal to the single-process step on the union of both ranks' items."""
 
 from __future__ import annotations
 
@@ -97,6 +97,8 @@ def _check_step(rank: int, world: int, mode: str, single: nn.Module, ref_stats: 
     else:
         for layer in model.model.layers:
             fully_shard(layer)
+        if mode == "fsdp2_head":  # the head its own FSDP unit: call_head's module forward unshards it
+            fully_shard(model.lm_head)
         fully_shard(model)
         wrapped = model  # bare FSDP2 module: call_in_forward goes through its hooks
     capture = _Capture()
@@ -123,8 +125,8 @@ def _worker(rank: int, world: int) -> None:
     _check_stats(rank)
     single = _model()  # the reference: one process, both ranks' items (every rank computes it)
     ref_stats = _step(single, [it for r in range(world) for it in _items(r)], reduce_stats=False)
-    _check_step(rank, world, "ddp", single, ref_stats)
-    _check_step(rank, world, "fsdp2", single, ref_stats)
+    for mode in ("ddp", "fsdp2", "fsdp2_head"):
+        _check_step(rank, world, mode, single, ref_stats)
 
 
 def test_two_rank_ddp_and_fsdp2_steps_equal_the_single_process_step():
