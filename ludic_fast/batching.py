@@ -187,13 +187,18 @@ def _action_tokens(item: SAWItem) -> float:
 class MacroTotals:
     """Counts of a whole macro-batch (the items of one trainer step) for its micro-batches.
 
-    tokens_per_seq = max(1, Σ M) / N, prompts_per_seq = P / N (an item without a group id is a prompt
-    of its own), prompt_tokens[g] = Σ M over the items of group g.
+    n_items: this rank's items N; tokens: Σ M, prompts: P (an item without a group id is a prompt of its
+    own), both over all `ranks` data-parallel ranks whose gradients are averaged; prompt_tokens[g]: Σ M over
+    the items of group g (this rank's: a group is assumed to live on one rank). A micro-batch carries
+    tokens_per_seq = max(1, tokens) / (ranks N) and prompts_per_seq = prompts / (ranks N), so that
+    Σ_k (n_k / N) loss_k, averaged over the ranks, is the token / prompt mean over every rank's items.
     """
 
-    tokens_per_seq: float
-    prompts_per_seq: float
+    n_items: int
+    tokens: float
+    prompts: int
     prompt_tokens: Mapping[str, float]
+    ranks: int = 1
 
     @classmethod
     def of(cls, items: Sequence[SAWItem]) -> MacroTotals:
@@ -207,18 +212,28 @@ class MacroTotals:
                 ungrouped += 1
             else:
                 prompt_tokens[gid] = prompt_tokens.get(gid, 0.0) + _action_tokens(item)
-        total = sum(_action_tokens(i) for i in items)
-        n = len(items)
-        return cls(max(1.0, total) / n, (len(prompt_tokens) + ungrouped) / n, prompt_tokens)
+        tokens = sum(_action_tokens(i) for i in items)
+        return cls(len(items), tokens, len(prompt_tokens) + ungrouped, prompt_tokens)
+
+    def across_ranks(self, group: object | None = None) -> MacroTotals:
+        """Tokens and prompts summed over the ranks of `group` (one all-reduce; collective)."""
+        import torch.distributed as dist
+
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+        totals = torch.tensor([self.tokens, float(self.prompts)], dtype=torch.float64, device=device)
+        dist.all_reduce(totals, group=group)
+        tokens, prompts = totals.tolist()
+        return dataclasses.replace(self, tokens=tokens, prompts=round(prompts), ranks=dist.get_world_size(group))
 
     def tensors(self, items: Sequence[SAWItem], device: torch.device | str | None) -> dict[str, Tensor]:
         """The macro-batch keys of a micro-batch holding `items` (token_batch.py)."""
         sizes = [
             self.prompt_tokens[gid] if (gid := group_id_of(i.meta)) is not None else _action_tokens(i) for i in items
         ]
+        seqs = self.ranks * self.n_items
         return {
-            "macro_tokens_per_seq": torch.tensor(self.tokens_per_seq, dtype=torch.float32, device=device),
-            "macro_prompts_per_seq": torch.tensor(self.prompts_per_seq, dtype=torch.float32, device=device),
+            "macro_tokens_per_seq": torch.tensor(max(1.0, self.tokens) / seqs, dtype=torch.float32, device=device),
+            "macro_prompts_per_seq": torch.tensor(self.prompts / seqs, dtype=torch.float32, device=device),
             "macro_prompt_tokens": torch.tensor(sizes, dtype=torch.float32, device=device),
         }
 

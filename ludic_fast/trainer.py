@@ -8,7 +8,7 @@ One `train_step()`:
    `integrations.transformers.lm_head` (run as the head module's forward, `call_head`, so ZeRO-3 gathers it),
    `loss_k = algo.compute_loss(batch, hidden=h, **head)`, then
    `(loss_k * n_k / N).backward()` — the accumulated gradient is that of the mean over all N sequences
-   (token_mean / prompt_mean divide by the step's counts: each micro-batch carries `MacroTotals`);
+   (token_mean / prompt_mean divide by the step's counts, summed over data-parallel ranks: `MacroTotals`);
 4. grad-norm clipping (the norm before clipping is logged); if the loss or the gradient norm is not finite
    the step is skipped: gradients dropped, weights, optimizer and LR schedule untouched (bit-identical),
    `skipped_steps` counted and logged;
@@ -33,7 +33,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -148,6 +148,19 @@ class TrainerConfig:
             raise ValueError(f"kl_ema_decay must lie in [0, 1), got {self.kl_ema_decay}")
         if self.log_every < 1:
             raise ValueError(f"log_every must be >= 1, got {self.log_every}")
+
+
+def _data_parallel_group(model: nn.Module) -> object | None | Literal[False]:
+    """The process group whose ranks average `model`'s gradients (None: the default group): DDP, FSDP1,
+    FSDP2 (`fully_shard`); False for a model trained by this process alone."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, (DistributedDataParallel, FullyShardedDataParallel)):
+        return model.process_group
+    if isinstance(model, FSDPModule):
+        return None
+    return False
 
 
 def lr_lambda(cfg: TrainerConfig) -> Callable[[int], float]:
@@ -333,6 +346,8 @@ class Trainer:
         if n_total == 0:
             raise ValueError("no items to train on after preprocessing")
         index, macro = group_index_of(saw_batch.items), MacroTotals.of(saw_batch.items)
+        if (group := _data_parallel_group(self.model)) is not False:
+            macro = macro.across_ranks(group)
         micro_stats, sizes, kl_ref = [], [], []
         total_loss = torch.zeros((), device=self.device)
         for chunk in chunks:

@@ -356,11 +356,12 @@ def test_macro_totals_by_hand():
     b = _item([5, 6, 7, 8, 9], [0, 0, 1, 1, 1], meta={"group_id": "g"})
     c = _item([5, 6], [1, 1])
     macro = MacroTotals.of([a, b, c])
-    assert macro.tokens_per_seq == pytest.approx(2.0) and macro.prompts_per_seq == pytest.approx(2 / 3)
+    assert (macro.n_items, macro.tokens, macro.prompts, macro.ranks) == (3, 6.0, 2, 1)
     assert dict(macro.prompt_tokens) == {"g": 5.0}
     batch = collate_saw_items([c, a], pad_token_id=0, macro=macro)
     assert batch["macro_prompt_tokens"].tolist() == [1.0, 5.0]
-    assert float(batch["macro_tokens_per_seq"]) == 2.0 and batch["macro_prompts_per_seq"].ndim == 0
+    assert float(batch["macro_tokens_per_seq"]) == 2.0
+    assert float(batch["macro_prompts_per_seq"]) == pytest.approx(2 / 3) and batch["macro_prompts_per_seq"].ndim == 0
     packed = collate_packed([c, a], macro=macro)
     assert packed["macro_prompt_tokens"].tolist() == [1.0, 5.0]
     with pytest.raises(ValueError, match="at least one item"):

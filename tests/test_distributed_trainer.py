@@ -1,6 +1,7 @@
 """Training under torch.distributed on a 2-process gloo group (CPU): Ludic's cross-rank stats reduction, and
 one `Trainer` step under DDP and under FSDP2 (`fully_shard` on the layers and the root, and with the head as
-its own unit) equal to the single-process step on the union of both ranks' items."""
+its own unit) equal to the single-process step on the union of both ranks' items, for a per-sequence mean
+(CISPO), the token mean (DAPO's) and the prompt mean (ScaleRL's) with unequal token counts on the ranks."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from ludic_fast.algorithm import make_cispo
+from ludic_fast.algorithm import RLAlgorithm
+from ludic_fast.credit import ConstantCredit
 from ludic_fast.distributed import Rank0Publisher
 from ludic_fast.distributed.local import run_local_group
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
 from ludic_fast.embedded import build_tiny_model
+from ludic_fast.losses import CISPOLoss, ScaleRLLoss, TokenClippedSurrogateLoss
 from ludic_fast.trainer import Trainer, TrainerConfig
 from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWBatch, SAWItem
 
@@ -44,12 +47,14 @@ def _items(rank: int) -> list[SAWItem]:
     g = torch.Generator().manual_seed(100 + rank)
     out = []
     for i in range(ITEMS_PER_RANK):
-        n_prompt, n_action = 3 + i % 2, 2 + (i + rank) % 4  # ragged: several micro-batches, padding
+        # ragged: several micro-batches, padding; 14 action tokens on rank 0, 12 on rank 1
+        n_prompt, n_action = 3 + i % 2, 2 + (i * (rank + 1)) % 4
         ids = torch.randint(3, V, (n_prompt + n_action,), generator=g).tolist()
         logps = (-2.5 + 0.3 * torch.randn(n_action, generator=g)).tolist()
         weight = float(torch.randn((), generator=g))
-        out.append(SAWItem(ids, [1] * len(ids), [0] * n_prompt + [1] * n_action, weight=weight,
-                           meta={"rollout_id": f"r{rank}-{i}"}, attachments=SampleAttachments(ActorTokenLogps(logps))))
+        meta = {"rollout_id": f"r{rank}-{i}", "request_meta": {"group_id": f"r{rank}-g{i // 2}"}}  # rank-local
+        out.append(SAWItem(ids, [1] * len(ids), [0] * n_prompt + [1] * n_action, weight=weight, meta=meta,
+                           attachments=SampleAttachments(ActorTokenLogps(logps))))
     return out
 
 
@@ -74,12 +79,17 @@ class _Capture:
         self.published.append(({k: v.detach().clone() for k, v in params.items()}, version))
 
 
-def _step(model: nn.Module, items: list[SAWItem], reduce_stats: bool, publisher=None) -> dict:
+# the loss families by aggregation: per-sequence means, the token mean (DAPO), the prompt mean (ScaleRL)
+LOSSES = {"cispo": CISPOLoss, "token_mean": lambda: TokenClippedSurrogateLoss(0.2, 0.28, aggregation="token_mean"),
+          "prompt_mean": lambda: ScaleRLLoss(eps_max=4.0)}
+
+
+def _step(model: nn.Module, items: list[SAWItem], loss: str, reduce_stats: bool, publisher=None) -> dict:
     cfg = TrainerConfig(model_device="cpu", pad_token_id=0, sync_every_steps=int(publisher is not None), lr=1e-3,
                         max_grad_norm=1.0, max_seq_len=16, micro_token_budget=20,
                         reduce_stats_across_ranks=reduce_stats)
-    trainer = Trainer(model=model, algo=make_cispo(group_size=1), batch_source=_Source(items), cfg=cfg,
-                      publisher=publisher)
+    algo = RLAlgorithm(loss, ConstantCredit(1.0), LOSSES[loss]())
+    trainer = Trainer(model=model, algo=algo, batch_source=_Source(items), cfg=cfg, publisher=publisher)
     return trainer.train_step_sync()
 
 
@@ -87,7 +97,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _check_step(rank: int, world: int, mode: str, single: nn.Module, ref_stats: dict) -> None:
+def _check_step(rank: int, world: int, mode: str, loss: str, single: nn.Module, ref_stats: dict) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
@@ -102,7 +112,8 @@ def _check_step(rank: int, world: int, mode: str, single: nn.Module, ref_stats: 
         fully_shard(model)
         wrapped = model  # bare FSDP2 module: call_in_forward goes through its hooks
     capture = _Capture()
-    stats = _step(wrapped, _items(rank), reduce_stats=True, publisher=capture)  # the Trainer wraps it in Rank0Publisher
+    stats = _step(wrapped, _items(rank), loss, reduce_stats=True, publisher=capture)  # wrapped in Rank0Publisher
+    mode = f"{mode}/{loss}"
 
     ref_params = dict(single.named_parameters())
     # weights pushed after the step: gathered, wrapper prefixes stripped, from rank 0 only
@@ -123,10 +134,11 @@ def _check_step(rank: int, world: int, mode: str, single: nn.Module, ref_stats: 
 def _worker(rank: int, world: int) -> None:
     torch.set_num_threads(1)
     _check_stats(rank)
-    single = _model()  # the reference: one process, both ranks' items (every rank computes it)
-    ref_stats = _step(single, [it for r in range(world) for it in _items(r)], reduce_stats=False)
-    for mode in ("ddp", "fsdp2", "fsdp2_head"):
-        _check_step(rank, world, mode, single, ref_stats)
+    for loss in LOSSES:  # token / prompt means over both ranks' items: MacroTotals.across_ranks
+        single = _model()  # the reference: one process, both ranks' items (every rank computes it)
+        ref_stats = _step(single, [it for r in range(world) for it in _items(r)], loss, reduce_stats=False)
+        for mode in ("ddp", "fsdp2", "fsdp2_head"):
+            _check_step(rank, world, mode, loss, single, ref_stats)
 
 
 def test_two_rank_ddp_and_fsdp2_steps_equal_the_single_process_step():
