@@ -33,7 +33,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -150,17 +150,12 @@ class TrainerConfig:
             raise ValueError(f"log_every must be >= 1, got {self.log_every}")
 
 
-def _data_parallel_group(model: nn.Module) -> object | None | Literal[False]:
-    """The process group whose ranks average `model`'s gradients (None: the default group): DDP, FSDP1,
-    FSDP2 (`fully_shard`); False for a model trained by this process alone."""
+def _is_data_parallel(model: nn.Module) -> bool:
+    """Whether ranks average `model`'s gradients: DDP, FSDP1 or FSDP2 (`fully_shard`)."""
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
     from torch.nn.parallel import DistributedDataParallel
 
-    if isinstance(model, (DistributedDataParallel, FullyShardedDataParallel)):
-        return model.process_group
-    if isinstance(model, FSDPModule):
-        return None
-    return False
+    return isinstance(model, (DistributedDataParallel, FullyShardedDataParallel, FSDPModule))
 
 
 def lr_lambda(cfg: TrainerConfig) -> Callable[[int], float]:
@@ -346,8 +341,8 @@ class Trainer:
         if n_total == 0:
             raise ValueError("no items to train on after preprocessing")
         index, macro = group_index_of(saw_batch.items), MacroTotals.of(saw_batch.items)
-        if (group := _data_parallel_group(self.model)) is not False:
-            macro = macro.across_ranks(group)
+        if _is_data_parallel(self.model):  # DDP / FSDP1 name their group; FSDP2 uses the default one
+            macro = macro.across_ranks(getattr(self.model, "process_group", None))
         micro_stats, sizes, kl_ref = [], [], []
         total_loss = torch.zeros((), device=self.device)
         for chunk in chunks:
