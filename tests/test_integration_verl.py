@@ -175,17 +175,22 @@ def _llama():
 
 @needs_verl
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_patched_forward_equals_verls_fused_torch_forward(temperature):
-    """Same model, same call as verl's actor makes: log_probs, entropy and the head/body gradients of
+@pytest.mark.parametrize("layout", ["padded", "rmpad_shift_labels"])
+def test_patched_forward_equals_verls_fused_torch_forward(temperature, layout):
+    """Same model, same call as verl's engine makes (padded, or remove-padding: one packed row with
+    restarting position_ids and the globally rolled `shift_labels`): log_probs, entropy and the gradients of
     (sum lp + 0.3 sum H) equal those of verl's own `use_fused_kernels` forward (torch backend)."""
     from verl.models.transformers.monkey_patch import patch_forward_with_backends
 
     ids = torch.randint(0, 211, (3, 9), generator=torch.Generator().manual_seed(5))
-    mask = torch.ones_like(ids)
-    labels = ids.clone()
-    labels[:, :4] = -100  # prompt positions; verl scores them too and masks later
-    call = {"input_ids": ids, "attention_mask": mask, "position_ids": torch.arange(9).expand(3, 9),
-            "temperature": temperature, "return_dict": True, "use_cache": False}
+    call = {"temperature": temperature, "return_dict": True, "use_cache": False}
+    if layout == "padded":
+        call.update(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(9).expand(3, 9))
+    else:
+        packed = ids.reshape(1, -1)
+        shift_labels = torch.roll(packed, -1, -1)
+        shift_labels[0, 8::9] = torch.tensor([1, 2, 3])  # differ from a roll of input_ids: used verbatim
+        call.update(input_ids=packed, position_ids=torch.arange(9).repeat(3)[None], shift_labels=shift_labels)
 
     def run(model):
         model.zero_grad(set_to_none=True)
