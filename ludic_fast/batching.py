@@ -205,14 +205,14 @@ class MacroTotals:
         if not items:
             raise ValueError("MacroTotals.of needs at least one item")
         prompt_tokens: dict[str, float] = {}
-        ungrouped = 0
+        tokens, ungrouped = 0.0, 0
         for item in items:
-            gid = group_id_of(item.meta)
+            n, gid = _action_tokens(item), group_id_of(item.meta)
+            tokens += n
             if gid is None:
                 ungrouped += 1
             else:
-                prompt_tokens[gid] = prompt_tokens.get(gid, 0.0) + _action_tokens(item)
-        tokens = sum(_action_tokens(i) for i in items)
+                prompt_tokens[gid] = prompt_tokens.get(gid, 0.0) + n
         return cls(len(items), tokens, len(prompt_tokens) + ungrouped, prompt_tokens)
 
     def across_ranks(self, group: object | None = None) -> MacroTotals:
