@@ -188,8 +188,8 @@ class MacroTotals:
     """Counts of a whole macro-batch (the items of one trainer step) for its micro-batches.
 
     n_items: this rank's items N; tokens: Σ M, prompts: P (an item without a group id is a prompt of its
-    own), both over all `ranks` data-parallel ranks whose gradients are averaged; prompt_tokens[g]: Σ M over
-    the items of group g (this rank's: a group is assumed to live on one rank). A micro-batch carries
+    own), prompt_tokens[g]: Σ M over the items of group g, each over all `ranks` data-parallel ranks whose
+    gradients are averaged (`distributed.macro.macro_totals_across_ranks`; 1 rank here). A micro-batch carries
     tokens_per_seq = max(1, tokens) / (ranks N) and prompts_per_seq = prompts / (ranks N), so that
     Σ_k (n_k / N) loss_k, averaged over the ranks, is the token / prompt mean over every rank's items.
     """
@@ -214,16 +214,6 @@ class MacroTotals:
             else:
                 prompt_tokens[gid] = prompt_tokens.get(gid, 0.0) + n
         return cls(len(items), tokens, len(prompt_tokens) + ungrouped, prompt_tokens)
-
-    def across_ranks(self, group: object | None = None) -> MacroTotals:
-        """Tokens and prompts summed over the ranks of `group` (one all-reduce; collective)."""
-        import torch.distributed as dist
-
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
-        totals = torch.tensor([self.tokens, float(self.prompts)], dtype=torch.float64, device=device)
-        dist.all_reduce(totals, group=group)
-        tokens, prompts = totals.tolist()
-        return dataclasses.replace(self, tokens=tokens, prompts=round(prompts), ranks=dist.get_world_size(group))
 
     def tensors(self, items: Sequence[SAWItem], device: torch.device | str | None) -> dict[str, Tensor]:
         """The macro-batch keys of a micro-batch holding `items` (token_batch.py)."""

@@ -47,6 +47,7 @@ from ludic_fast.batching import (
     split_items_by_token_budget,
 )
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
+from ludic_fast.distributed.macro import macro_totals_across_ranks
 from ludic_fast.distributed.rank0 import Rank0Publisher
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
@@ -342,7 +343,7 @@ class Trainer:
             raise ValueError("no items to train on after preprocessing")
         index, macro = group_index_of(saw_batch.items), MacroTotals.of(saw_batch.items)
         if _is_data_parallel(self.model):  # DDP / FSDP1 name their group; FSDP2 uses the default one
-            macro = macro.across_ranks(getattr(self.model, "process_group", None))
+            macro = macro_totals_across_ranks(macro, getattr(self.model, "process_group", None))
         micro_stats, sizes, kl_ref = [], [], []
         total_loss = torch.zeros((), device=self.device)
         for chunk in chunks:

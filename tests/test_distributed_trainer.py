@@ -1,7 +1,8 @@
 """Training under torch.distributed on a 2-process gloo group (CPU): Ludic's cross-rank stats reduction, and
 one `Trainer` step under DDP and under FSDP2 (`fully_shard` on the layers and the root, and with the head as
 its own unit) equal to the single-process step on the union of both ranks' items, for a per-sequence mean
-(CISPO), the token mean (DAPO's) and the prompt mean (ScaleRL's) with unequal token counts on the ranks."""
+(CISPO), the token mean (DAPO's) and the prompt mean (ScaleRL's) with unequal token counts on the ranks and
+prompts whose responses are split across them."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import torch
 from torch import nn
 
 from ludic_fast.algorithm import RLAlgorithm
+from ludic_fast.batching import MacroTotals
 from ludic_fast.credit import ConstantCredit
 from ludic_fast.distributed import Rank0Publisher
 from ludic_fast.distributed.local import run_local_group
+from ludic_fast.distributed.macro import macro_totals_across_ranks
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
 from ludic_fast.embedded import build_tiny_model
 from ludic_fast.losses import CISPOLoss, ScaleRLLoss, TokenClippedSurrogateLoss
@@ -52,7 +55,9 @@ def _items(rank: int) -> list[SAWItem]:
         ids = torch.randint(3, V, (n_prompt + n_action,), generator=g).tolist()
         logps = (-2.5 + 0.3 * torch.randn(n_action, generator=g)).tolist()
         weight = float(torch.randn((), generator=g))
-        meta = {"rollout_id": f"r{rank}-{i}", "request_meta": {"group_id": f"r{rank}-g{i // 2}"}}  # rank-local
+        meta = {"rollout_id": f"r{rank}-{i}"}
+        if rank == 0 or i < 3:  # groups g0, g1 straddle the ranks; rank 1's last item is a prompt of its own
+            meta["request_meta"] = {"group_id": f"g{i // 2}"}
         out.append(SAWItem(ids, [1] * len(ids), [0] * n_prompt + [1] * n_action, weight=weight, meta=meta,
                            attachments=SampleAttachments(ActorTokenLogps(logps))))
     return out
@@ -131,10 +136,19 @@ def _check_step(rank: int, world: int, mode: str, loss: str, single: nn.Module, 
     assert stats["train/grad_norm"] == pytest.approx(ref_stats["train/grad_norm"], rel=1e-4), mode
 
 
+def _check_macro_totals(rank: int) -> None:
+    """By hand: action tokens 2 3 4 5 (rank 0) and 2 4 2 4 (rank 1); g0 = items 0-1 of both ranks, g1 = items
+    2-3 of rank 0 and item 2 of rank 1, rank 1's item 3 ungrouped: 26 tokens, 3 prompts, g0 11, g1 11."""
+    total = macro_totals_across_ranks(MacroTotals.of(_items(rank)))
+    assert (total.n_items, total.tokens, total.prompts, total.ranks) == (4, 26.0, 3, 2)
+    assert dict(total.prompt_tokens) == {"g0": 11.0, "g1": 11.0}  # rank-local counts: 5, 9 | 6, 2
+
+
 def _worker(rank: int, world: int) -> None:
     torch.set_num_threads(1)
     _check_stats(rank)
-    for loss in LOSSES:  # token / prompt means over both ranks' items: MacroTotals.across_ranks
+    _check_macro_totals(rank)
+    for loss in LOSSES:  # token / prompt means over both ranks' items: macro_totals_across_ranks
         single = _model()  # the reference: one process, both ranks' items (every rank computes it)
         ref_stats = _step(single, [it for r in range(world) for it in _items(r)], loss, reduce_stats=False)
         for mode in ("ddp", "fsdp2", "fsdp2_head"):

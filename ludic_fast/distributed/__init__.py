@@ -1,5 +1,6 @@
 """Beyond one machine: the vocab-parallel head (`vocab_parallel`), the Redis actor/learner pipeline
-(`pipeline`) and weight publishing (`publish`).
+(`pipeline`), weight publishing (`publish`) and a step's macro-batch totals over data-parallel ranks
+(`macro`).
 
 Imported here: the vocab-parallel head, `reduce_stats_across_ranks` (Ludic's cross-rank stats rule) and
 `Rank0Publisher`; `pipeline` and `publish` need the optional `redis` and `msgpack` packages and are imported

@@ -34,7 +34,7 @@ def _number(v: Any) -> float | None:
     return None
 
 
-def _device(group) -> torch.device:
+def collective_device(group) -> torch.device:
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -48,7 +48,7 @@ def reduce_stats_across_ranks(stats: Mapping[str, Any], group: dist.ProcessGroup
     if not (dist.is_available() and dist.is_initialized()):
         return out
     numeric = {k: x for k in sorted(stats) if k not in LOCAL_KEYS and (x := _number(stats[k])) is not None}
-    dev = _device(group)
+    dev = collective_device(group)
     digest = int.from_bytes(hashlib.sha256("\0".join(numeric).encode()).digest()[:6], "big")  # exact in float64
     check = torch.tensor([digest, -digest], dtype=torch.float64, device=dev)
     dist.all_reduce(check, op=dist.ReduceOp.MAX, group=group)
