@@ -365,7 +365,8 @@ class KLLoss(HeadLoss):
 
 @dataclass
 class EntropyBonus(HeadLoss):
-    """loss = -coeff sum_t M_t H_t / max(1, sum_t M_t) over the micro-batch. Token-local.
+    """loss = -coeff sum_t M_t H_t / max(1, sum_t M_t) over the micro-batch (over the step with the trainer's
+    macro-batch totals: TokenBatch.agg_coef('token_mean')). Token-local.
 
     H_t is the entropy at position t, the position that scores the action token t+1 (the positions every
     other loss uses). Ludic master takes H at t under the unshifted action_mask[t], one position late;
@@ -375,7 +376,7 @@ class EntropyBonus(HeadLoss):
     needs_entropy = True
 
     def objective(self, lp, H, tb, with_stats):
-        mean_h = (tb.mask * H).sum() / tb.total_mask.clamp(min=1.0)
+        mean_h = (tb.agg_coef("token_mean") * tb.mask * H).sum()
         loss = -self.coeff * mean_h
         return loss, ({"loss": loss, "entropy_mean": mean_h} if with_stats else {})
 

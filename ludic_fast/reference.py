@@ -456,7 +456,8 @@ class KLLoss(_LudicLoss):
 
 @dataclass
 class EntropyBonus(_LudicLoss):
-    """loss = -coeff * (sum H M / sum M) over the micro-batch (0 when nothing is masked in).
+    """loss = -coeff * (sum H M / sum M) over the micro-batch (0 when nothing is masked in); with the trainer's
+    macro-batch totals in the batch (shifted only) sum M is the step's, as for aggregation='token_mean'.
 
     `shifted=True` (ours, default) takes H at position j, which scores token j+1, under M[b,j] =
     action_mask[b,j+1] — the positions every other loss uses. Ludic master takes H at every position t
@@ -474,8 +475,10 @@ class EntropyBonus(_LudicLoss):
             logp = torch.log_softmax(logits.float(), dim=-1)
             ent = -(logp.exp() * logp).sum(-1)
             mask = batch["action_mask"].to(ent.dtype)
-        denom = mask.sum()
-        mean_h = (ent * mask).sum() / denom.clamp(min=1.0)
+        if self.shifted:
+            mean_h = _aggregate(ent * mask, _Shifted(logits, batch), "token_mean", None, None)
+        else:
+            mean_h = (ent * mask).sum() / mask.sum().clamp(min=1.0)
         loss = -self.coeff * mean_h
         return loss, _detach({"loss": loss, "entropy_mean": mean_h})
 

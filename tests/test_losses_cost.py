@@ -91,11 +91,11 @@ def test_no_tensor_of_n_by_v_elements(name, fused):
 # Invariant under the trainer's rule (micro-loss x items/N, summed): every loss that averages per-sequence
 # values over the micro-batch rows. NOT invariant, by their semantics:
 #   ReinforceBaselineLoss    the baseline (and std) are micro-batch statistics;
-#   EntropyBonus             the denominator is the micro-batch token count (Ludic's semantics);
-#   aggregation='token_mean' / 'prompt_mean' (ScaleRLLoss)  on a bare micro-batch the denominators are its own
-#                            token / prompt counts (invariant here only because the halves hold whole prompts
-#                            of equal size); with the trainer's macro-batch totals in the batch (or a global
-#                            `normalizer`, summed unscaled) they are invariant for any split: checked below;
+#   EntropyBonus, aggregation='token_mean' / 'prompt_mean' (ScaleRLLoss)
+#                            on a bare micro-batch the denominators are its own token / prompt counts
+#                            (invariant here only because the halves hold whole prompts of equal size);
+#                            with the trainer's macro-batch totals in the batch (or a global `normalizer`,
+#                            summed unscaled) they are invariant for any split: checked below;
 #   entropy_top_rho          the entropy quantile is taken over the micro-batch;
 #   any caller `normalizer`  already global: sum the micro-losses unscaled (checked below), do not scale.
 INVARIANT = ["reinforce", "reinforce_ln", "sft", "gspo", "gspo_token", "token_clipped", "token_clipped_ln_delta",
@@ -141,7 +141,8 @@ def test_token_mean_with_global_normalizer_sums_exactly():
 
 
 # ------------------------------------------------------------------------- macro-batch totals (trainer)
-MACRO_AGGREGATED = ["ppo_token_mean_dual_k3is", "sapo_token_mean_entropy", "scalerl", "ppo_prompt_mis_seq_entropy"]
+MACRO_AGGREGATED = ["ppo_token_mean_dual_k3is", "sapo_token_mean_entropy", "scalerl", "ppo_prompt_mis_seq_entropy",
+                    "entropy_bonus"]
 
 
 def _with_macro_totals(batch, rows):
@@ -159,8 +160,9 @@ def _with_macro_totals(batch, rows):
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("name", MACRO_AGGREGATED)
 def test_macro_totals_make_token_and_prompt_means_split_invariant(name, fused):
-    """token_mean / prompt_mean with the trainer's macro-batch totals: any split (here one that cuts prompt 7
-    in two and leaves micro-batches of unequal size), weighted by items / N, gives the whole-batch loss."""
+    """token_mean / prompt_mean (and EntropyBonus's mean) with the trainer's macro-batch totals: any split (one
+    that cuts prompt 7 in two and leaves micro-batches of unequal size), weighted by items / N, gives the
+    whole-batch loss."""
     batch, h, W, b = make_batch(3)
     loss_fn = functools.partial(_loss(name), fused=fused)
     full, g_full = _grads(loss_fn, [(batch, slice(None), 1.0)], h, W, b)
