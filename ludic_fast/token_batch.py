@@ -206,21 +206,20 @@ class TokenBatch:
         if normalizer is not None and normalizer <= 0:
             raise ValueError(f"normalizer must be > 0, got {normalizer}")
         one = torch.ones_like(self.mask)
-        macro = self.batch.get
         if aggregation == "token_mean":
             if normalizer is None:
-                per_seq = macro("macro_tokens_per_seq")
+                per_seq = self.batch.get("macro_tokens_per_seq")
                 normalizer = self.total_mask.clamp(min=1.0) if per_seq is None else self.n_seq * per_seq
             return one / normalizer
         if aggregation == "prompt_mean":
             if "prompt" not in self.seqs:
                 raise KeyError("aggregation='prompt_mean' requires batch['group_id'] (one prompt id per sequence)")
             prompt = self.seqs["prompt"]
-            size = macro("macro_prompt_tokens")
+            size = self.batch.get("macro_prompt_tokens")
             if size is None:
                 size = torch.zeros_like(self.seqs["raw_counts"]).index_add_(0, prompt, self.seqs["raw_counts"])[prompt]
             if normalizer is None:
-                per_seq = macro("macro_prompts_per_seq")
+                per_seq = self.batch.get("macro_prompts_per_seq")
                 normalizer = self.seqs["n_prompts"].clamp(min=1) if per_seq is None else self.n_seq * per_seq
             return one / (size.float().clamp(min=1.0)[self.seq] * normalizer)
         denom = float(normalizer if normalizer is not None else self.n_seq)

@@ -49,7 +49,7 @@ def macro_totals_across_ranks(macro: MacroTotals, group: object | None = None) -
     sums = torch.tensor([macro.tokens, float(ungrouped)], dtype=torch.float64, device=dev)
     dist.all_reduce(sums, group=group)
     tokens, ungrouped_total = sums.tolist()
-    local = per_group[torch.searchsorted(unique, keys)].tolist() if ids else []
+    local = per_group[torch.searchsorted(unique, keys)].tolist()
     return dataclasses.replace(
         macro,
         tokens=tokens,

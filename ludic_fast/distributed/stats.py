@@ -35,6 +35,7 @@ def _number(v: Any) -> float | None:
 
 
 def collective_device(group) -> torch.device:
+    """Where a collective's tensors live for `group`: the current CUDA device under NCCL, else the CPU."""
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -199,6 +199,14 @@ def _gather_dtensor(t: Tensor | None) -> Tensor | None:
     return t
 
 
+def _output_head(lm: nn.Module) -> nn.Module:
+    """`lm.get_output_embeddings()`, or `UnsupportedHeadError` when the model has none."""
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    if head is None:
+        raise UnsupportedHeadError(f"model: {type(lm).__name__} has no output embeddings (get_output_embeddings())")
+    return head
+
+
 def lm_head(model: nn.Module, *, fp32_head: bool = False) -> LMHead:
     """The `LMHead` of a causal LM: `get_output_embeddings()` weight/bias plus the config's scale and softcap.
 
@@ -208,10 +216,7 @@ def lm_head(model: nn.Module, *, fp32_head: bool = False) -> LMHead:
     `UnsupportedHeadError` (a ValueError) when the head is not a linear layer.
     """
     lm = unwrap_model(model)
-    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
-    if head is None:
-        raise UnsupportedHeadError(f"model: {type(lm).__name__} has no output embeddings (get_output_embeddings())")
-    weight, bias = _resolve_linear(head)
+    weight, bias = _resolve_linear(_output_head(lm))
     weight, bias = _gather_dtensor(weight), _gather_dtensor(bias)
     if weight.numel() == 0:
         raise UnsupportedHeadError(
@@ -253,9 +258,7 @@ def call_head(model: nn.Module, fn: Callable[..., Any], /, *args: Any, fp32_head
     backward hooks attach to those.
     """
     lm = unwrap_model(model)
-    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
-    if head is None:
-        raise UnsupportedHeadError(f"model: {type(lm).__name__} has no output embeddings (get_output_embeddings())")
+    head = _output_head(lm)
 
     def forward(*inputs: Any) -> Any:
         restore()
