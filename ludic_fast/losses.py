@@ -104,6 +104,11 @@ class HeadLoss:
     def objective(self, lp: Tensor, H: Tensor | None, tb: TokenBatch, with_stats: bool) -> tuple[Tensor, Stats]:
         raise NotImplementedError
 
+    def coupling_groups(self, tb: TokenBatch) -> list[int] | None:
+        """For a coupled loss whose tokens couple only within groups: the token offsets where groups start
+        (the fused mode then keeps groups whole in its chunks and runs one pass). None: the whole batch."""
+        return None
+
     def compute(self, logits: Tensor, batch: Batch) -> tuple[Tensor, Stats]:
         """Ludic's signature: the loss on materialised logits [B, T, V] (or [1, total, V] packed)."""
         return self(batch, logits=logits)
@@ -147,7 +152,8 @@ class HeadLoss:
             return self.objective(lp, H, tb if rows is None else tb.subset(rows), False)[0]
 
         impl = resolve_backend(backend, h.device)
-        plan = FusedPlan(transform, objective, self.coupled, self.needs_entropy, chunk_elements, impl)
+        plan = FusedPlan(transform, objective, self.coupled, self.needs_entropy, chunk_elements, impl,
+                         groups=self.coupling_groups(tb) if self.coupled else None)
         loss, lp, H = fused_head_loss(h, weight, bias, tb.targets, plan)
         with torch.no_grad():
             _, stats = self.objective(lp, H, tb, True)
@@ -709,7 +715,20 @@ class CompositeLoss(HeadLoss):
         return total, stats
 
 
+_PREFERENCE = ("DPOLoss", "IPOLoss", "SimPOLoss", "ORPOLoss", "KTOLoss")
+
+
+def __getattr__(name: str):
+    """The preference losses live in `ludic_fast.preference` (which imports this module); re-exported here."""
+    if name in _PREFERENCE:
+        from ludic_fast import preference
+
+        return getattr(preference, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    *_PREFERENCE,
     "HeadLoss",
     "PolicyOptions",
     "ReinforceLoss",

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ludic_fast._common import HeadOutput, per_token_temperature, validate_head_inputs
+from ludic_fast.reference_preference import DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss
 
 Batch = Mapping[str, Tensor]
 Stats = dict[str, Any]
@@ -760,6 +761,11 @@ class GSPOTokenLoss(_LudicLoss):
 
 
 __all__ = [
+    "DPOLoss",
+    "IPOLoss",
+    "KTOLoss",
+    "ORPOLoss",
+    "SimPOLoss",
     "head_logits",
     "logprobs_from_logits",
     "linear_logprobs",

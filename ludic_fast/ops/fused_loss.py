@@ -16,6 +16,8 @@ batch quantiles): pass 1 computes lp and H of all tokens without gradients (2NDV
 gradient on the whole O(N) vectors gives every (g_lp, g_H), then the same chunk loop forms the head
 gradients (6NDV): 8NDV in all. When fewer than 16 whole vocabulary rows fit in the chunk budget the
 vocabulary is sliced and the token-local path needs a statistics sweep first (8NDV as well).
+A coupled loss whose tokens couple only within groups (`FusedPlan.groups`: a preference pair, a sequence)
+runs the token-local single pass on row chunks made of whole groups when every group fits a chunk (6NDV).
 
 No path allocates [N, V]: transient memory is a few chunks of `chunk_plan(N, V, chunk_elements)`.
 
@@ -48,6 +50,9 @@ class FusedPlan:
     with_entropy: bool
     chunk_elements: int | None = None
     backend: str = "torch"  # 'torch' or 'triton' (CUDA, or CPU under TRITON_INTERPRET=1)
+    # coupled losses whose tokens couple only within groups (e.g. a preference pair): the sorted token offsets
+    # where each group starts. When every group fits one row chunk, chunks keep groups whole: one pass (6NDV).
+    groups: list[int] | None = None
 
 
 class _RowEpilogue:
@@ -204,13 +209,15 @@ class FusedLossFunction(torch.autograd.Function):
             if H is not None:
                 H[rows] = (stats[0] - stats[1]) * valid[rows]
 
-        if plan.coupled:  # pass 1: statistics of every token, then all per-token gradients at once
+        group_chunks = _group_chunks(plan.groups, head.n_chunk, n) if plan.coupled else None
+        two_pass = plan.coupled and group_chunks is None
+        if two_pass:  # pass 1: statistics of every token, then all per-token gradients at once
             for rows in head.row_chunks():
                 set_stats(rows, chunk_cls(head, plan, rows).stats())
             g_lp, g_H = _token_grads(plan.objective, lp, H, None)
-        for rows in head.row_chunks():
+        for rows in head.row_chunks() if group_chunks is None else group_chunks:
             chunk = chunk_cls(head, plan, rows)
-            if plan.coupled:
+            if two_pass:
                 g_lp_c, g_H_c = g_lp[rows], None if g_H is None else g_H[rows]
             else:
                 set_stats(rows, chunk.stats())
@@ -241,6 +248,24 @@ class FusedLossFunction(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _group_chunks(starts: list[int] | None, n_chunk: int, n: int) -> list[slice] | None:
+    """Row chunks of at most n_chunk tokens made of whole groups (greedy), or None when a group is larger."""
+    if starts is None:
+        return None
+    bounds = [s for s in starts if 0 < s < n] + [n]
+    chunks, c0, prev = [], 0, 0
+    for b in bounds:
+        if b - prev > n_chunk:
+            return None
+        if b - c0 > n_chunk:
+            chunks.append(slice(c0, prev))
+            c0 = prev
+        prev = b
+    if n > c0:
+        chunks.append(slice(c0, n))
+    return chunks
 
 
 def _value(objective: Objective, lp: Tensor, H: Tensor | None) -> Tensor:
