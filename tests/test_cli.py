@@ -11,7 +11,7 @@ from ludic_fast import cli, train_cli
 from ludic_fast.loggers import read_jsonl
 
 FAST = ["--sft-steps", "2", "--rl-steps", "3", "--prompts-per-batch", "4", "--group-size", "4", "--eval-every", "2",
-        "--logger", "none", "--threads", "1"]
+        "--logger", "none", "--threads", "1", "--device", "cpu"]
 
 
 def test_demo_runs_and_writes_outputs(tmp_path, capsys):

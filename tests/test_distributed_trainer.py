@@ -103,6 +103,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_step(rank: int, world: int, mode: str, loss: str, single: nn.Module, ref_stats: dict) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
@@ -110,11 +111,14 @@ def _check_step(rank: int, world: int, mode: str, loss: str, single: nn.Module, 
     if mode == "ddp":
         wrapped = DistributedDataParallel(model)
     else:
+        # an explicit CPU mesh: fully_shard's default mesh is CUDA whenever a GPU is visible, which would move
+        # the parameters to cuda:0 while the gloo ranks feed CPU batches
+        mesh = init_device_mesh("cpu", (world,))
         for layer in model.model.layers:
-            fully_shard(layer)
+            fully_shard(layer, mesh=mesh)
         if mode == "fsdp2_head":  # the head its own FSDP unit: call_head's module forward unshards it
-            fully_shard(model.lm_head)
-        fully_shard(model)
+            fully_shard(model.lm_head, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         wrapped = model  # bare FSDP2 module: call_in_forward goes through its hooks
     capture = _Capture()
     stats = _step(wrapped, _items(rank), loss, reduce_stats=True, publisher=capture)  # wrapped in Rank0Publisher

@@ -46,12 +46,14 @@ CASES = [
 ]
 
 
-def _inputs(case: Case, seed: int = 0):
+def _inputs(case: Case, seed: int = 0, device: str = DEVICE):
+    """Every input of one case on `device` (drawn on the CPU generator, then moved; strided views are taken
+    on `device`, since moving a non-dense view makes it contiguous)."""
     g = torch.Generator().manual_seed(seed)
     n, v, d = case.n, case.v, case.d
 
     def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).to(case.dtype)
+        return (torch.randn(*shape, generator=g) * scale).to(case.dtype).to(device)
 
     if case.strided:
         hidden = rnd(n, 2 * d)[:, ::2]
@@ -59,14 +61,20 @@ def _inputs(case: Case, seed: int = 0):
     else:
         hidden = rnd(n, d)
         weight = rnd(v, d, scale=0.4)
-    bias = (torch.randn(v, generator=g) * 0.5).to(case.dtype) if case.bias else None
+    bias = (torch.randn(v, generator=g) * 0.5).to(case.dtype).to(device) if case.bias else None
     targets = torch.randint(0, v, (n,), generator=g)
     if case.ignore:
         targets[1::7] = -100
     temperature = {"1": 1.0, "0.7": 0.7, "per-token": torch.rand(n, generator=g) + 0.4}[case.temperature]
-    g_lp = torch.randn(n, 3, generator=g)[:, 1]  # strided upstream gradients
-    g_h = torch.randn(2, n, generator=g)[1, :] if case.entropy else None
-    return hidden, weight, bias, targets, temperature, g_lp, g_h
+    g_lp = torch.randn(n, 3, generator=g).to(device)[:, 1]  # strided upstream gradients
+    g_h = torch.randn(2, n, generator=g).to(device)[1, :] if case.entropy else None
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature.to(device)
+    return hidden, weight, bias, targets.to(device), temperature, g_lp, g_h
+
+
+def _cpu(x):
+    return x.cpu() if isinstance(x, torch.Tensor) else x
 
 
 def _head_and_grads(fn, case, hidden, weight, bias, targets, temperature, g_lp, g_h):
@@ -91,16 +99,16 @@ def _max_rel(a, b):
 def test_head_matches_reference(case, strategy, monkeypatch):
     monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", strategy)
     hidden, weight, bias, targets, temperature, g_lp, g_h = _inputs(case)
-    args = (targets, temperature, g_lp, g_h)
+    assert hidden.is_contiguous() != case.strided and weight.is_contiguous() != case.strided
 
     def triton_fn(*a, **k):
         return linear_logprobs(*a, backend="triton", **k)
 
-    out, grads = _head_and_grads(triton_fn, case, *(x.to(DEVICE) if x is not None else None
-                                                    for x in (hidden, weight, bias)), *args)
-    # the reference runs in fp32 on the exact fp32 images of the (possibly bf16) inputs
-    f32 = [None if x is None else x.float() for x in (hidden, weight, bias)]
-    ref, ref_grads = _head_and_grads(reference.linear_logprobs, case, *f32, *args)
+    out, grads = _head_and_grads(triton_fn, case, hidden, weight, bias, targets, temperature, g_lp, g_h)
+    # the reference runs in fp32 on the CPU, on the exact fp32 images of the (possibly bf16) inputs
+    f32 = [None if x is None else x.float().cpu() for x in (hidden, weight, bias)]
+    targets, temperature, g_lp, g_h = (_cpu(x) for x in (targets, temperature, g_lp, g_h))
+    ref, ref_grads = _head_and_grads(reference.linear_logprobs, case, *f32, targets, temperature, g_lp, g_h)
 
     assert out.logprobs.dtype == torch.float32 and out.logprobs.shape == targets.shape
     torch.testing.assert_close(out.logprobs.cpu(), ref.logprobs, atol=2e-5, rtol=1e-5)
@@ -109,7 +117,7 @@ def test_head_matches_reference(case, strategy, monkeypatch):
         torch.testing.assert_close(out.entropy.cpu(), ref.entropy, atol=2e-5, rtol=1e-5)
     else:
         assert out.entropy is None
-    assert bool((out.logprobs[targets == -100] == 0).all())
+    assert bool((out.logprobs.cpu()[targets == -100] == 0).all())
     # bf16/fp16: d(raw) is rounded to the input dtype before the gradient GEMMs (tensor-core operands), as verl/CCE do
     grad_tol = 1e-5 if case.dtype == torch.float32 else 1.5e-2
     for name, got, want in zip(("hidden", "weight", "bias"), grads, ref_grads):
@@ -126,18 +134,19 @@ def test_only_entropy_gradient_and_frozen_weight(strategy, monkeypatch):
     h = hidden.clone().requires_grad_()
     out = linear_logprobs(h, weight, targets, temperature=temperature, softcap=4.0, backend="triton")
     (dh,) = torch.autograd.grad(out.entropy, h, g_h)
-    h_ref = hidden.clone().requires_grad_()
-    ref = reference.linear_logprobs(h_ref, weight, targets, temperature=temperature, softcap=4.0)
-    (dh_ref,) = torch.autograd.grad(ref.entropy, h_ref, g_h)
-    assert _max_rel(dh, dh_ref) <= 1e-5
+    h_ref = hidden.cpu().requires_grad_()
+    ref = reference.linear_logprobs(h_ref, weight.cpu(), targets.cpu(), temperature=temperature.cpu()
+                                    if isinstance(temperature, torch.Tensor) else temperature, softcap=4.0)
+    (dh_ref,) = torch.autograd.grad(ref.entropy, h_ref, g_h.cpu())
+    assert _max_rel(dh.cpu(), dh_ref) <= 1e-5
 
 
 @pytest.mark.parametrize("strategy", ["fused", "workspace"])
 def test_empty_batch(strategy, monkeypatch):
     monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", strategy)
-    h = torch.zeros(0, 40, requires_grad=True)
-    w = torch.randn(1021, 40, requires_grad=True)
-    out = linear_logprobs(h, w, torch.zeros(0, dtype=torch.long), backend="triton")
+    h = torch.zeros(0, 40, device=DEVICE, requires_grad=True)
+    w = torch.randn(1021, 40, device=DEVICE, requires_grad=True)
+    out = linear_logprobs(h, w, torch.zeros(0, dtype=torch.long, device=DEVICE), backend="triton")
     assert out.logprobs.shape == (0,) and out.entropy.shape == (0,)
     dh, dw = torch.autograd.grad(out.logprobs.sum() + out.entropy.sum(), (h, w))
     assert dh.shape == (0, 40) and bool((dw == 0).all())
@@ -161,15 +170,15 @@ def test_grid_and_chunk_plans(strategy, n, v, chunk_elements, target_programs, m
         assert triton_head.fused_splits(n, v, 4) == (4, 9)
     case = Case("fp32", torch.float32, n, v, 40, "per-token", softcap=5.0, bias=True, ignore=True)
     hidden, weight, bias, targets, temperature, g_lp, g_h = _inputs(case, seed=7)
-    leaves = [x.clone().to(DEVICE).requires_grad_() for x in (hidden, weight, bias)]
-    transform = HeadTransform(1.0, 5.0, temperature.double().reciprocal().to(DEVICE))
-    lp, ent, lse = triton_head.triton_linear_logprobs(leaves[0], leaves[1], leaves[2], targets.to(DEVICE), transform,
+    leaves = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
+    transform = HeadTransform(1.0, 5.0, temperature.double().reciprocal())
+    lp, ent, lse = triton_head.triton_linear_logprobs(leaves[0], leaves[1], leaves[2], targets, transform,
                                                       True, -100, strategy=strategy, chunk_elements=chunk_elements)
-    grads = torch.autograd.grad((lp, ent), leaves, (g_lp.to(DEVICE), g_h.to(DEVICE)))
-    ref_leaves = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
-    ref = reference.linear_logprobs(ref_leaves[0], ref_leaves[1], targets, bias=ref_leaves[2], softcap=5.0,
-                                    temperature=temperature)
-    ref_grads = torch.autograd.grad((ref.logprobs, ref.entropy), ref_leaves, (g_lp, g_h))
+    grads = torch.autograd.grad((lp, ent), leaves, (g_lp, g_h))
+    ref_leaves = [x.cpu().requires_grad_() for x in (hidden, weight, bias)]
+    ref = reference.linear_logprobs(ref_leaves[0], ref_leaves[1], targets.cpu(), bias=ref_leaves[2], softcap=5.0,
+                                    temperature=temperature.cpu())
+    ref_grads = torch.autograd.grad((ref.logprobs, ref.entropy), ref_leaves, (g_lp.cpu(), g_h.cpu()))
     torch.testing.assert_close(lp.cpu(), ref.logprobs, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(ent.cpu(), ref.entropy, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(lse.cpu(), ref.lse, atol=2e-5, rtol=1e-5)
