@@ -1,12 +1,15 @@
 """Training loggers (Ludic's `TrainingLogger.log(step, stats)` protocol) and the end-of-run curve plot.
 
-PrintLogger     "{prefix} step=N k=v ..." lines, floats at `precision` decimals, wrapped every
-                `max_items_per_line` items with continuation lines indented to the header.
+PrintLogger     "{prefix} [phase] step=N[/total] k=v ..." lines, floats at `precision` significant digits,
+                wrapped every `max_items_per_line` items with continuation lines indented to the header;
+                eval metrics only on the step they were measured; `warn(msg)` prints a warning line.
 RichLiveLogger  a rich Live dashboard: train / eval / perf panels (keys split by prefix; `eval_`/`eval/`
                 keys to eval, `perf/` and `gpu_` keys to perf) and a sparkline of `spark_key` (falling back
-                to `train/<spark_key>`) over the last min(history, spark_window, width) values, min-max scaled.
+                to `train/<spark_key>`) over the last min(history, spark_window, width) values, min-max scaled;
+                the phase and step counter in the header, warnings in a panel of their own.
 JSONLLogger     one JSON object per call `{"step": N, **extra, **stats}` appended to a file (flushed).
-TeeLogger       fans out to several loggers; a failing logger is reported once per call and skipped.
+TeeLogger       fans out to several loggers (optionally without some keys); a failing logger is reported
+                once per call and skipped.
 WandbLogger     `wandb.log(stats, step=step)`; wandb imported lazily; project defaults to $WANDB_PROJECT or "Ludic".
 plot_curves     a PNG of the reward and loss curves (matplotlib, Agg backend) from JSONL records.
 """
@@ -26,9 +29,15 @@ SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 
 
 def _fmt(value: Any, precision: int) -> str:
+    """Floats with `precision` significant digits (%g: 1e-05 stays 1e-05, 0.25 is 0.25), others as str."""
     if isinstance(value, float):
-        return f"{value:.{precision}f}"
+        return f"{value:.{precision}g}"
     return str(value)
+
+
+def _stale_eval(step: int, stats: Mapping[str, Any]) -> bool:
+    """True for a train record repeating the last evaluation's metrics (its `eval/step` is not `step`)."""
+    return "eval/step" in stats and stats["eval/step"] != step
 
 
 def sparkline(values: Sequence[float], width: int | None = None) -> str:
@@ -59,11 +68,20 @@ class PrintLogger:
             raise ValueError(f"max_items_per_line must be >= 1, got {max_items_per_line}")
         self.prefix, self.keys, self.precision = prefix, list(keys) if keys else None, precision
         self.max_items_per_line, self.stream = max_items_per_line, stream
+        self.phase: str | None = None
+        self.total_steps: int | None = None
+
+    def set_phase(self, phase: str | None, total_steps: int | None = None) -> None:
+        """Label the following lines `[phase] step=N/total_steps`."""
+        self.phase, self.total_steps = phase, total_steps
 
     def format(self, step: int, stats: Mapping[str, Any]) -> str:
         keys = [k for k in self.keys if k in stats] if self.keys else sorted(stats)
+        if _stale_eval(step, stats):
+            keys = [k for k in keys if not k.startswith("eval/")]
         parts = [f"{k}={_fmt(stats[k], self.precision)}" for k in keys]
-        header = f"{self.prefix} step={step}"
+        counter = f"{step}/{self.total_steps}" if self.total_steps is not None else str(step)
+        header = f"{self.prefix}{f' [{self.phase}]' if self.phase else ''} step={counter}"
         lines = []
         for i in range(0, max(len(parts), 1), self.max_items_per_line):
             chunk = " ".join(parts[i : i + self.max_items_per_line])
@@ -72,6 +90,9 @@ class PrintLogger:
 
     def log(self, step: int, stats: Mapping[str, Any]) -> None:
         print(self.format(step, stats), file=self.stream or sys.stdout, flush=True)
+
+    def warn(self, message: str) -> None:
+        print(f"{self.prefix} WARNING: {message}", file=self.stream or sys.stdout, flush=True)
 
 
 class JSONLLogger:
@@ -94,12 +115,16 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 class TeeLogger:
-    """Calls every logger; an exception in one is printed to stderr and does not stop the others."""
+    """Calls every logger; an exception in one is printed to stderr and does not stop the others.
+    `drop_keys` are removed from the stats first (e.g. RL-only metrics in an SFT phase)."""
 
-    def __init__(self, *loggers: Any):
+    def __init__(self, *loggers: Any, drop_keys: Iterable[str] = ()):
         self.loggers = [lg for lg in loggers if lg is not None]
+        self.drop_keys = frozenset(drop_keys)
 
     def log(self, step: int, stats: Mapping[str, Any]) -> None:
+        if self.drop_keys:
+            stats = {k: v for k, v in stats.items() if k not in self.drop_keys}
         for logger in self.loggers:
             try:
                 logger.log(step, stats)
@@ -137,6 +162,9 @@ class RichLiveLogger:
         self.perf: dict[str, Any] = {}
         self.step = 0
         self.eval_step: Any = None
+        self.phase: str | None = None
+        self.total_steps: int | None = None
+        self.warnings: list[str] = []
         self.console = console or Console()
         self.live = live or Live(console=self.console, refresh_per_second=4, transient=False)
         self._started = False
@@ -167,14 +195,35 @@ class RichLiveLogger:
 
         width = max(10, (self.console.width or 80) - len(self.spark_key) - 20)
         spark = sparkline(list(self.values), min(len(self.values), self.spark_window, width))
-        last = f" {self.values[-1]:.{self.precision}f}" if self.values else ""
+        last = f" {_fmt(self.values[-1], self.precision)}" if self.values else ""
         eval_title = "eval" if self.eval_step is None else f"eval (step {self.eval_step})"
-        return Group(
-            Text(f"step {self.step}   {self.spark_key} {spark}{last}"),
+        counter = f"{self.step}/{self.total_steps}" if self.total_steps is not None else str(self.step)
+        phase = f"{self.phase}  " if self.phase else ""
+        parts = [
+            Text(f"{phase}step {counter}   {self.spark_key} {spark}{last}"),
             Columns(
                 [self._table("train", self.train), self._table(eval_title, self.eval), self._table("perf", self.perf)]
             ),
-        )
+        ]
+        if self.warnings:
+            from rich.panel import Panel
+
+            parts.append(Panel(Text("\n".join(self.warnings)), title="warnings", border_style="yellow"))
+        return Group(*parts)
+
+    def set_phase(self, phase: str | None, total_steps: int | None = None) -> None:
+        """Show `phase step N/total_steps` in the header; the train panel and sparkline start afresh."""
+        self.phase, self.total_steps = phase, total_steps
+        self.train.clear()
+        self.values.clear()
+
+    def warn(self, message: str) -> None:
+        """Add a line to the warnings panel (and refresh the dashboard when it is showing)."""
+        self.warnings.append(message)
+        if self._started:
+            self.live.update(self.render(), refresh=True)
+        else:
+            self.console.print(f"[yellow]WARNING:[/yellow] {message}")
 
     def log(self, step: int, stats: Mapping[str, Any]) -> None:
         self.step = step

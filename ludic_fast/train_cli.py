@@ -3,10 +3,18 @@
 Defaults are the embedded default (`demo` is `train` with them): the tiny Llama of `ludic_fast.embedded`
 (random init from a config, no download), its character tokenizer and the built-in addition task, on
 CPU; SFT (masked CE) on the task's train answers, then RL with the CISPO preset on groups sampled by
-transformers `generate`. Outputs under `--output-dir`: metrics.jsonl (every logged step, with `phase`),
-curves.png (reward and loss), summary.json (the RL reward curve's first/last-10 means), checkpoints
-under sft/ and rl/ when `--checkpoint-every` > 0. `--resume` continues from the latest checkpoint: the RL
-phase from rl/'s (the SFT phase is then skipped), else the SFT phase from sft/'s.
+transformers `generate`. Prompts take one format in SFT, rollouts and evaluation: the tokenizer's chat
+template when it has one (`--no-chat-template`: the raw prompt text). Evaluation: `--eval-task`, else for
+a JSONL task `--eval-holdout` of its rows held out of training (`--eval-on-train` evaluates on the
+training rows instead); the embedded task evaluates on its training sums by default (single-digit sums
+are facts to memorise; `--no-eval-on-train` uses its held-out sums). All inputs are checked before
+anything is built: a bad one is a one-line error and exit status 2.
+
+Outputs under `--output-dir` (default: runs/demo for `demo`, runs/<task>-<preset>-<time> for `train`):
+metrics.jsonl (every logged step, with `phase`), curves.png (reward and loss), summary.json (the RL
+reward curve's first/last-10 means), checkpoints under sft/ and rl/ when `--checkpoint-every` > 0.
+`--resume` continues from the latest checkpoint: the RL phase from rl/'s (the SFT phase is then
+skipped), else the SFT phase from sft/'s.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import torch
 
 from ludic_fast import algorithm as presets
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
+from ludic_fast.cli_validation import OneLineParser, UsageError, check_args, check_task_tokens
 from ludic_fast.loggers import JSONLLogger, PrintLogger, RichLiveLogger, TeeLogger, WandbLogger, plot_curves, read_jsonl
 from ludic_fast.rollout import (
     Evaluator,
@@ -32,7 +41,10 @@ from ludic_fast.rollout import (
     RolloutBatchSource,
     SamplingConfig,
     embedded_default_task,
+    resolve_chat_template,
+    sft_item,
 )
+from ludic_fast.run_warnings import LearningSignalMonitor, console_notifier
 from ludic_fast.stats import default_reducers
 from ludic_fast.trainer import Trainer, TrainerConfig
 
@@ -50,22 +62,48 @@ PRESETS = {
 }
 
 
+#: metrics that only mean something for rollouts, left out of the SFT phase's records
+RL_ONLY_KEYS = ("train/avg_total_reward", "train/target_rollouts", "train/effective_rollouts")
+
+
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("model and task")
     g.add_argument("--model", default="embedded", help="'embedded' (tiny Llama from a config) or a HF name/path")
     g.add_argument("--tokenizer", default=None, help="HF tokenizer name/path (default: the model's, or embedded)")
     g.add_argument("--task", default="embedded", help="'embedded' (addition) or a JSONL file of prompt/answer rows")
-    g.add_argument("--eval-task", default=None, help="JSONL of eval rows (default: the task's eval split)")
+    g.add_argument("--eval-task", default=None, help="JSONL of eval rows (default: see --eval-holdout)")
+    g.add_argument(
+        "--eval-holdout",
+        type=float,
+        default=0.1,
+        help="without --eval-task: this fraction of a JSONL task's rows is held out of training for evaluation",
+    )
+    g.add_argument(
+        "--eval-on-train",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="evaluate on the training rows (default: on for the embedded task, off for a JSONL task)",
+    )
+    g.add_argument(
+        "--chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="format prompts (SFT, rollouts, eval) with the tokenizer's chat template (default: when it has one)",
+    )
     g.add_argument("--reward", default="exact", help="exact | numeric | format:<regex>")
-    g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda or cuda:N")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = leave torch's default)")
     g = p.add_argument_group("SFT warm-up")
     g.add_argument("--sft-steps", type=int, default=40)
     g.add_argument("--sft-batch-size", type=int, default=64)
     g.add_argument("--sft-lr", type=float, default=3e-3)
-    g.add_argument("--sft-data", default=None, help="chat JSONL ({'messages': [...]}); default: the task's answers")
+    g.add_argument(
+        "--sft-data",
+        default=None,
+        help="chat JSONL ({'messages': [...]}, through the chat template); default: the task's answers",
+    )
     g = p.add_argument_group("RL")
     g.add_argument("--preset", default="cispo", choices=sorted(PRESETS))
     g.add_argument("--rl-steps", type=int, default=80)
@@ -81,7 +119,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     )
     g.add_argument("--max-rounds", type=int, default=4)
     g.add_argument("--tie-jitter", type=float, default=0.0)
-    g.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    g.add_argument(
+        "--engine", default="hf", choices=["hf", "vllm"], help="rollouts: transformers generate, or vLLM ([vllm] extra)"
+    )
     g = p.add_argument_group("trainer")
     g.add_argument("--lr", type=float, default=1e-3)
     g.add_argument("--weight-decay", type=float, default=0.0)
@@ -91,25 +131,36 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--max-seq-len", type=int, default=64)
     g.add_argument("--micro-token-budget", type=int, default=4096)
     g.add_argument("--gradient-checkpointing", action="store_true")
-    g.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0 = full fine-tuning)")
+    g.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0 = full fine-tuning; needs the [lora] extra)")
     g.add_argument("--max-lag", type=int, default=None)
     g.add_argument("--eval-every", type=int, default=20)
-    g.add_argument("--output-dir", default="runs/demo")
+    g.add_argument("--output-dir", default=None, help="default: runs/demo (demo), runs/<task>-<preset>-<time> (train)")
     g.add_argument("--checkpoint-every", type=int, default=0)
     g.add_argument("--max-to-keep", type=int, default=2)
     g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint (rl/, else sft/)")
     g.add_argument("--logger", default="auto", choices=["auto", "rich", "print", "none"])
-    g.add_argument("--wandb", action="store_true")
+    g.add_argument("--wandb", action="store_true", help="log to Weights & Biases (needs the [wandb] extra)")
     g.add_argument("--no-plot", action="store_true")
     return p
 
 
 # ------------------------------------------------------------------------------------------- building
-def build_model_and_tokenizer(args: argparse.Namespace) -> tuple[torch.nn.Module, Any]:
-    if args.model == "embedded":
-        from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
+def build_tokenizer(args: argparse.Namespace) -> Any:
+    """The embedded character tokenizer, or `--tokenizer` / `--model`'s from transformers."""
+    if args.model == "embedded" and not args.tokenizer:
+        from ludic_fast.embedded import build_char_tokenizer
 
-        tok = build_char_tokenizer()
+        return build_char_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+
+
+def build_model_and_tokenizer(args: argparse.Namespace, tok: Any = None) -> tuple[torch.nn.Module, Any]:
+    tok = build_tokenizer(args) if tok is None else tok
+    if args.model == "embedded":
+        from ludic_fast.embedded import build_tiny_model
+
         model = build_tiny_model(
             len(tok),
             pad_token_id=tok.pad_token_id,
@@ -118,17 +169,53 @@ def build_model_and_tokenizer(args: argparse.Namespace) -> tuple[torch.nn.Module
             seed=args.seed,
         )
         return model, tok
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32)
     return model, tok
 
 
+def eval_on_train(args: argparse.Namespace) -> bool:
+    """--eval-on-train, defaulting to on for the embedded task and off for a JSONL task."""
+    return args.eval_on_train if args.eval_on_train is not None else args.task == "embedded"
+
+
 def build_task(args: argparse.Namespace) -> PromptAnswerTask:
+    """The task with its eval rows (module docstring); a bad file or flag raises UsageError (one line)."""
+    if args.eval_task and args.eval_on_train:
+        raise UsageError("--eval-on-train and --eval-task exclude each other")
+    on_train = eval_on_train(args)
     if args.task == "embedded":
-        return embedded_default_task(seed=args.seed)
-    return PromptAnswerTask.from_jsonl(args.task, reward=args.reward, eval_path=args.eval_task)
+        if args.eval_task:
+            raise UsageError("--eval-task needs a JSONL --task (the embedded task has its own eval split)")
+        return embedded_default_task(seed=args.seed, held_out_eval=not on_train)
+    try:
+        task = PromptAnswerTask.from_jsonl(args.task, reward=args.reward, eval_path=args.eval_task)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.eval_task or args.eval_every <= 0:
+        return task
+    if on_train:
+        return PromptAnswerTask(task.samples, task.reward_fn, name=task.name, eval_samples=list(task.samples))
+    try:
+        return task.hold_out(args.eval_holdout, seed=0)  # a split fixed by the file, the same for every --seed
+    except ValueError:
+        raise UsageError(
+            f"--task {args.task} has {len(task.samples)} row(s), too few to hold out an eval set; "
+            "pass --eval-task FILE or --eval-on-train"
+        ) from None
+
+
+def describe_eval(args: argparse.Namespace, task: PromptAnswerTask) -> str:
+    """Which rows the evaluation uses, for the run header."""
+    if args.eval_every <= 0:
+        return "none (--eval-every 0)"
+    n = len(task.eval_samples or task.samples)
+    if args.eval_task:
+        return f"{n} rows of {args.eval_task}"
+    if eval_on_train(args):
+        return f"the {n} training rows (--eval-on-train)"
+    return f"{n} rows held out of the task ({'--eval-holdout' if args.task != 'embedded' else 'held-out sums'})"
 
 
 def build_engine(args: argparse.Namespace, model: torch.nn.Module, tok: Any) -> Any:
@@ -136,7 +223,7 @@ def build_engine(args: argparse.Namespace, model: torch.nn.Module, tok: Any) -> 
         from ludic_fast.rollout.vllm_engine import VLLMEngine
 
         if args.model == "embedded":
-            raise ValueError("--engine vllm needs a HF model name/path (--model)")
+            raise UsageError("--engine vllm needs a Hugging Face model (--model NAME_OR_DIR), not 'embedded'")
         return VLLMEngine(args.model, eos_token_id=tok.eos_token_id, seed=args.seed)
     return HFGenerateEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
 
@@ -206,14 +293,13 @@ def _checkpoint_config(args: argparse.Namespace, phase: str) -> CheckpointConfig
 
 
 def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: PromptAnswerTask, logger: Any) -> Any:
+    """SFT warm-up on --sft-data, else on the task's training answers in the rollouts' prompt format."""
     if args.sft_data:
         source = OfflineBatchSource.from_chat_jsonl(args.sft_data, tok, batch_size=args.sft_batch_size, seed=args.seed)
     else:
-        records = [
-            {"messages": [{"role": "user", "content": s["prompt"]}, {"role": "assistant", "content": s["answer"]}]}
-            for s in task.samples
-        ]
-        source = OfflineBatchSource.from_chat(records, tok, batch_size=args.sft_batch_size, seed=args.seed)
+        chat = resolve_chat_template(tok, args.chat_template)
+        items = [sft_item(tok, s["prompt"], s["answer"], chat_template=chat) for s in task.samples]
+        source = OfflineBatchSource(items, batch_size=args.sft_batch_size, seed=args.seed)
     ckpt = _checkpoint_config(args, "sft")
     resume = args.resume and ckpt is not None and CheckpointManager(ckpt).resolve() is not None
     trainer = Trainer(
@@ -255,6 +341,7 @@ def run_rl(
         max_rounds=args.max_rounds,
         tie_jitter=args.tie_jitter,
         curriculum=algo.curriculum,
+        chat_template=args.chat_template,
     )
     evaluator = None
     if args.eval_every > 0:
@@ -263,6 +350,7 @@ def run_rl(
             task=task,
             tokenizer=tok,
             sampling=SamplingConfig(temperature=0.0, max_new_tokens=args.max_new_tokens),
+            chat_template=args.chat_template,
         )
     cfg = _trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)
     cfg.eval_every_n_steps = args.eval_every if evaluator is not None else None
@@ -285,21 +373,91 @@ def run_rl(
 
 
 def summarize(records: list[dict[str, Any]], key: str = "train/avg_total_reward", n: int = 10) -> dict[str, Any]:
-    """RL reward curve: the values, the means of the first and last n steps and their difference."""
+    """RL reward curve: the values, the means of the first and last n steps and their difference. With
+    fewer than 2n steps the two windows overlap and measure nothing: means and gain are then None."""
     curve = [r[key] for r in records if r.get("phase") == "rl" and isinstance(r.get(key), (int, float))]
-    first = sum(curve[:n]) / len(curve[:n]) if curve else float("nan")
-    last = sum(curve[-n:]) / len(curve[-n:]) if curve else float("nan")
-    return {"reward_curve": curve, f"first{n}_mean": first, f"last{n}_mean": last, "gain": last - first}
+    out: dict[str, Any] = {"reward_curve": curve, f"first{n}_mean": None, f"last{n}_mean": None, "gain": None}
+    if len(curve) >= 2 * n:
+        first, last = sum(curve[:n]) / n, sum(curve[-n:]) / n
+        out.update({f"first{n}_mean": first, f"last{n}_mean": last, "gain": last - first})
+    return out
+
+
+def summary_line(summary: dict[str, Any], n: int = 10) -> str:
+    """The run's last line: the reward gain, or why there is none; wall time; the curves' PNG."""
+    curve = summary["reward_curve"]
+    if not curve:
+        reward = "RL reward: no RL steps ran"
+    elif summary["gain"] is None:
+        mean = sum(curve) / len(curve)
+        reward = (
+            f"RL reward: mean {mean:.3f} over {len(curve)} steps; not enough steps to measure a gain "
+            f"(needs {2 * n}: first-{n} vs last-{n} mean)"
+        )
+    else:
+        reward = (
+            f"RL reward: first-{n} mean {summary[f'first{n}_mean']:.3f}, last-{n} mean "
+            f"{summary[f'last{n}_mean']:.3f} (gain {summary['gain']:+.3f})"
+        )
+    return f"{reward}; {summary['wall_time_s']:.0f} s; curves: {summary.get('png', '-')}"
+
+
+def default_output_dir(args: argparse.Namespace, command: str) -> str:
+    """runs/demo for `demo`; runs/<task>-<preset>-<YYYYmmdd-HHMMSS> for `train`."""
+    if command == "demo":
+        return "runs/demo"
+    task = "addition" if args.task == "embedded" else Path(args.task).stem
+    return f"runs/{task}-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare(args: argparse.Namespace, command: str) -> tuple[Any, PromptAnswerTask]:
+    """Every input check (raises UsageError): flags, files, device, extras, models, then the task's rows
+    against the tokenizer. Returns the tokenizer and the task; nothing is trained or written yet."""
+    if command == "demo" and (args.model != "embedded" or args.task != "embedded"):
+        raise UsageError("demo runs the embedded default; use `ludic-fast train` for --model/--task")
+    if args.resume and args.output_dir is None:
+        raise UsageError("--resume needs --output-dir (the run to continue)")
+    if args.sft_data and args.chat_template is False:
+        raise UsageError("--sft-data is chat JSONL, formatted by the chat template: drop --no-chat-template")
+    check_args(args)
+    task = build_task(args)
+    tok = build_tokenizer(args)
+    try:
+        args.chat_template = resolve_chat_template(tok, args.chat_template)
+    except ValueError:
+        raise UsageError("--chat-template: the tokenizer has no chat template") from None
+    check_task_tokens(task.samples + task.eval_samples, tok, embedded=args.model == "embedded" and not args.tokenizer)
+    return tok, task
+
+
+def _header(args: argparse.Namespace, command: str, task: PromptAnswerTask) -> str:
+    model = "embedded (tiny Llama, random init)" if args.model == "embedded" else args.model
+    return (
+        f"ludic-fast {command}: model {model} on {args.device}; task {task.name} ({len(task.samples)} training rows); "
+        f"eval: {describe_eval(args, task)}; prompts: {'chat template' if args.chat_template else 'raw text'}; "
+        f"{args.sft_steps} SFT steps, then {args.rl_steps} RL steps of {args.preset}; output {args.output_dir}"
+    )
+
+
+def _set_phase(console: Any, phase: str, total: int) -> None:
+    if console is not None and hasattr(console, "set_phase"):
+        console.set_phase(phase, total)
 
 
 def main(argv: list[str]) -> int:
-    """Entry point: argv[0] is "train" or "demo" (from `ludic_fast.cli`), the rest are flags."""
+    """Entry point: argv[0] is "train" or "demo" (from `ludic_fast.cli`), the rest are flags. Returns 2
+    after a one-line message on stderr when an input is bad (before anything is trained)."""
     command, rest = (argv[0], argv[1:]) if argv else ("train", [])
     if command not in ("train", "demo"):
         raise ValueError(f"argv[0] must be 'train' or 'demo', got {command!r}")
+    t0 = time.perf_counter()
     args = build_parser(f"ludic-fast {command}").parse_args(rest)
-    if command == "demo" and (args.model != "embedded" or args.task != "embedded"):
-        raise ValueError("demo runs the embedded default; use `ludic-fast train` for --model/--task")
+    try:
+        tok, task = prepare(args, command)
+    except UsageError as exc:
+        print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)
+        return 2
+    args.output_dir = args.output_dir or default_output_dir(args, command)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -309,22 +467,31 @@ def main(argv: list[str]) -> int:
     rl_resume = args.resume and CheckpointManager(CheckpointConfig(str(out / "rl"))).resolve() is not None
     if not args.resume and metrics.exists():
         metrics.unlink()
+    print(_header(args, command, task), flush=True)
     console = build_console_logger(args.logger)
+    monitor = LearningSignalMonitor(console_notifier(console))
+    if args.rl_steps > 0 and args.group_size == 1 and PRESETS[args.preset][1]:
+        monitor.warn(
+            "group_size",
+            f"--group-size 1 with {args.preset}: a group of one has advantage 0, so the RL steps cannot learn",
+        )
     wandb = WandbLogger(config=vars(args)) if args.wandb else None
-    t0 = time.perf_counter()
-    model, tok = build_model_and_tokenizer(args)
-    task = build_task(args)
+    model, tok = build_model_and_tokenizer(args, tok)
     try:
         if args.sft_steps > 0 and not rl_resume:
-            sft_logger = TeeLogger(JSONLLogger(metrics, extra={"phase": "sft"}), console, wandb)
+            _set_phase(console, "sft", args.sft_steps)
+            sft_logger = TeeLogger(
+                JSONLLogger(metrics, extra={"phase": "sft"}), console, monitor, wandb, drop_keys=RL_ONLY_KEYS
+            )
             model = run_sft(args, model, tok, task, sft_logger)
-        rl_logger = TeeLogger(JSONLLogger(metrics, extra={"phase": "rl"}), console, wandb)
+        _set_phase(console, "rl", args.rl_steps)
+        rl_logger = TeeLogger(JSONLLogger(metrics, extra={"phase": "rl"}), console, monitor, wandb)
         trainer = run_rl(args, model, tok, task, rl_logger, rl_resume)
     finally:
         for lg in (console, wandb):
             if lg is not None and hasattr(lg, "close"):
                 lg.close()
-    records = read_jsonl(metrics)
+    records = read_jsonl(metrics) if metrics.exists() else []
     summary = summarize(records)
     summary.update(
         wall_time_s=time.perf_counter() - t0,
@@ -334,16 +501,13 @@ def main(argv: list[str]) -> int:
     )
     if not args.no_plot:
         if importlib.util.find_spec("matplotlib") is None:
-            print("curves.png skipped: the optional package matplotlib is not installed", file=sys.stderr)
+            print("curves.png skipped: matplotlib is not installed (pip install 'ludic-fast[plot]')", file=sys.stderr)
         else:
             png = plot_curves(records, out / "curves.png", title=f"ludic-fast {command}: {args.preset}")
             summary["png"] = str(png)
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    print(
-        f"\nRL reward: first-10 mean {summary['first10_mean']:.3f}, last-10 mean {summary['last10_mean']:.3f} "
-        f"(gain {summary['gain']:+.3f}); {summary['wall_time_s']:.0f} s; curves: {summary.get('png', '-')}"
-    )
+    print("\n" + summary_line(summary))
     return 0
 
 
-__all__ = ["main", "build_parser", "summarize", "PRESETS"]
+__all__ = ["main", "build_parser", "summarize", "summary_line", "prepare", "PRESETS"]

@@ -398,7 +398,8 @@ class Trainer:
             step_skipped=0.0 if finite else 1.0,
             lr=self.optimizer.param_groups[0]["lr"],
         )
-        for key in ("oversampling_factor", "zvp_filter_frac", "rollout_rounds"):
+        for key in ("oversampling_factor", "zvp_filter_frac", "rollout_rounds", "zero_variance_group_frac",
+                    "zero_weight_frac"):
             if key in saw_batch.meta:
                 stats[key] = float(saw_batch.meta[key])
         if self.ref_model is not None:

@@ -24,7 +24,11 @@ def test_demo_runs_and_writes_outputs(tmp_path, capsys):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert len(summary["reward_curve"]) == 3 and summary["rl_steps"] == 3
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
-    assert "RL reward: first-10 mean" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "eval: the 80 training rows (--eval-on-train)" in out  # the run header names the eval set
+    assert "RL reward: mean" in out and "not enough steps to measure a gain" in out
+    assert summary["gain"] is None and summary["first10_mean"] is None
+    assert not any("train/avg_total_reward" in r for r in records if r["phase"] == "sft")  # no RL-only metric
 
 
 def test_train_resume_continues_rl_phase_with_lora(tmp_path):
@@ -44,8 +48,7 @@ def test_presets_and_flags(tmp_path):
         assert train_cli.make_algorithm(args).name == name
     with pytest.raises(SystemExit):
         train_cli.build_parser("x").parse_args(["--preset", "nope"])
-    with pytest.raises(ValueError, match="demo"):
-        train_cli.main(["demo", "--model", "gpt2", "--output-dir", str(tmp_path)])
+    assert train_cli.main(["demo", "--model", "gpt2", "--output-dir", str(tmp_path)]) == 2
     with pytest.raises(ValueError, match="train"):
         train_cli.main(["bench"])
 
@@ -56,3 +59,27 @@ def test_summary_numbers():
     ]
     s = train_cli.summarize(recs)
     assert s["first10_mean"] == 4.5 and s["last10_mean"] == 19.5 and s["gain"] == 15.0
+    assert "first-10 mean 4.500, last-10 mean 19.500 (gain +15.000)" in train_cli.summary_line({**s, "wall_time_s": 1})
+    # 10 steps: the two windows would be the same steps, so no gain is claimed; no steps: no nan either
+    short = train_cli.summarize(recs[:11])
+    assert short["gain"] is None and short["reward_curve"] == [float(i) for i in range(10)]
+    line = train_cli.summary_line({**short, "wall_time_s": 1})
+    assert "mean 4.500 over 10 steps; not enough steps to measure a gain (needs 20" in line
+    empty = train_cli.summarize(recs[:1])
+    assert empty["gain"] is None and "no RL steps ran" in train_cli.summary_line({**empty, "wall_time_s": 0})
+    assert "nan" not in json.dumps(empty).lower()
+
+
+def test_train_with_zero_rl_steps_writes_a_valid_summary(tmp_path, capsys):
+    args = ["train", *FAST, "--output-dir", str(tmp_path), "--rl-steps", "0", "--no-plot"]
+    assert train_cli.main(args) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())  # strict JSON: NaN would not parse back as null
+    assert summary["rl_steps"] == 0 and summary["gain"] is None
+    assert "RL reward: no RL steps ran" in capsys.readouterr().out
+
+
+def test_train_default_output_dir_is_named_after_task_and_preset(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert train_cli.main(["train", *FAST, "--rl-steps", "1", "--sft-steps", "0", "--no-plot", "--preset", "grpo"]) == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("addition-grpo-") and (run / "summary.json").is_file()

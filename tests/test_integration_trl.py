@@ -282,3 +282,18 @@ def test_fast_trainer_with_peft_lora_equals_stock(base_model, tok, tmp_path):
     assert grads_f.keys() == grads_s.keys()
     for name, g in grads_s.items():
         torch.testing.assert_close(grads_f[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_example_trl_grpo_shows_a_gradient():
+    """examples/trl_grpo.py: its graded reward varies within groups, so every step has a non-zero gradient."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "trl_grpo.py"
+    spec = importlib.util.spec_from_file_location("trl_grpo_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.graded_sum_reward(" 12", "12") == 1.0 and example.graded_sum_reward("1a", "12") == 0.25
+    steps = example.main(["--steps", "2"])
+    assert len(steps) == 2
+    assert all(s["grad_norm"] > 0 and s["reward_std"] > 0 for s in steps)

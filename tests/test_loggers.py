@@ -42,8 +42,33 @@ def test_tee_survives_a_failing_logger(capsys):
 
 def test_print_logger_format():
     text = PrintLogger(prefix="[t]", precision=2, max_items_per_line=2).format(5, {"b": 2.0, "a": 1.234, "c": "x"})
-    assert text.splitlines() == ["[t] step=5 a=1.23 b=2.00", "           c=x"]
+    assert text.splitlines() == ["[t] step=5 a=1.2 b=2", "           c=x"]
     assert PrintLogger(keys=["b"]).format(1, {"a": 1.0, "b": 2}) == "[trainer] step=1 b=2"
+
+
+def test_print_logger_small_values_phase_and_eval():
+    lg = PrintLogger(keys=["train/lr", "train/loss", "eval/reward"], precision=3)
+    line = lg.format(1, {"train/lr": 1e-5, "train/loss": 0.123456})
+    assert line == "[trainer] step=1 train/lr=1e-05 train/loss=0.123"
+    lg.set_phase("rl", 80)
+    # a train record repeating the eval of step 20 shows no eval value; the eval's own record does
+    line = lg.format(21, {"train/loss": 2.0, "eval/reward": 0.5, "eval/step": 20})
+    assert line == "[trainer] [rl] step=21/80 train/loss=2"
+    assert lg.format(20, {"eval/reward": 0.5, "eval/step": 20}) == "[trainer] [rl] step=20/80 eval/reward=0.5"
+    out = io.StringIO()
+    PrintLogger(stream=out).warn("no signal")
+    assert out.getvalue() == "[trainer] WARNING: no signal\n"
+
+
+def test_tee_logger_drop_keys():
+    seen = []
+
+    class Rec:
+        def log(self, step, stats):
+            seen.append(dict(stats))
+
+    TeeLogger(Rec(), drop_keys=["train/avg_total_reward"]).log(1, {"train/loss": 1.0, "train/avg_total_reward": 0.0})
+    assert seen == [{"train/loss": 1.0}]
 
 
 def test_jsonl_logger_round_trip(tmp_path):
@@ -74,6 +99,20 @@ def test_rich_live_logger_panels():
         console.print(lg.render())
     text = out.getvalue()
     assert "▁▅█" in text and "eval (step 2)" in text and "perf" in text
+
+
+def test_rich_live_logger_phase_and_warnings():
+    from rich.console import Console
+
+    out = io.StringIO()
+    console = Console(file=out, width=120, force_terminal=False)
+    with RichLiveLogger(console=console) as lg:
+        lg.set_phase("sft", 40)
+        lg.log(3, {"train/loss": 1e-5})
+        lg.warn("every group's rewards tie")
+        console.print(lg.render())
+    text = out.getvalue()
+    assert "sft  step 3/40" in text and "warnings" in text and "every group's rewards tie" in text and "1e-05" in text
 
 
 def test_wandb_logger_needs_wandb(monkeypatch):

@@ -3,6 +3,7 @@
 
 from ludic_fast.rollout.engine import Completion, HFGenerateEngine, SamplingConfig
 from ludic_fast.rollout.offline import OfflineBatchSource, chat_item
+from ludic_fast.rollout.prompts import encode_prompt, resolve_chat_template, sft_item
 from ludic_fast.rollout.rewards import exact_match, format_reward, get_reward, numeric_match
 from ludic_fast.rollout.sources import Evaluator, RolloutBatchSource
 from ludic_fast.rollout.tasks import PromptAnswerTask, embedded_default_task
@@ -17,6 +18,9 @@ __all__ = [
     "map_weights_for_vllm",
     "OfflineBatchSource",
     "chat_item",
+    "encode_prompt",
+    "resolve_chat_template",
+    "sft_item",
     "RolloutBatchSource",
     "Evaluator",
     "PromptAnswerTask",

@@ -8,7 +8,9 @@ credit assigner, build one SAW item per completion (`batching.saw_item_from_step
 DAPO dynamic sampling (`dynamic_sampling=True`): groups whose rewards all tie carry no signal; sampling
 rounds continue until `prompts_per_batch` groups with non-zero reward variance are collected or
 `max_rounds` rounds are spent (then the batch has fewer groups). `oversampling_factor` = groups sampled
-/ groups wanted is logged. Mixed-sampling enforcement (`tie_jitter > 0`, off by default): every reward of a
+/ groups wanted is logged, and so are `zero_variance_group_frac` (kept groups whose raw rewards all tie,
+a group of one included: group-relative credit gives them advantage 0) and `zero_weight_frac` (items
+whose credit is 0). Mixed-sampling enforcement (`tie_jitter > 0`, off by default): every reward of a
 fully tied group gets an independent uniform jitter in [-tie_jitter, tie_jitter], so group-normalised
 credit never divides a zero spread.
 
@@ -27,6 +29,7 @@ from typing import Any
 from ludic_fast.batching import saw_item_from_step
 from ludic_fast.filters import apply_filter
 from ludic_fast.rollout.engine import Completion, SamplingConfig
+from ludic_fast.rollout.prompts import encode_prompt, resolve_chat_template
 from ludic_fast.rollout.tasks import PromptAnswerTask
 from ludic_fast.stats import Reducer, apply_reducers_to_records
 from ludic_fast.types import CreditAssigner, Rollout, SampleFilter, SAWBatch, Step, TokenTrace
@@ -45,6 +48,8 @@ class RolloutBatchSource:
 
     engine: `generate(prompts, sampling, seed=) -> [Completion]` and an int `version`.
     curriculum: optional NoPositiveResampling; its retired prompts leave the next epoch.
+    chat_template: prompts through the tokenizer's chat template (None: whenever it has one), as
+    `rollout.prompts.encode_prompt`; train SFT with the same choice (`prompts.sft_item`).
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class RolloutBatchSource:
         tie_jitter: float = 0.0,
         curriculum: Any = None,
         sample_filter: SampleFilter | None = None,
+        chat_template: bool | None = None,
     ):
         if prompts_per_batch < 1 or group_size < 1:
             raise ValueError(f"prompts_per_batch and group_size must be >= 1, got {prompts_per_batch}, {group_size}")
@@ -76,6 +82,7 @@ class RolloutBatchSource:
         self.sampling, self.seed = sampling, seed
         self.dynamic_sampling, self.max_rounds, self.tie_jitter = dynamic_sampling, max_rounds, tie_jitter
         self.curriculum, self.sample_filter = curriculum, sample_filter
+        self.chat_template = resolve_chat_template(tokenizer, chat_template)
         self.batches = 0
         self.epoch = 0
         self.cursor = 0
@@ -105,7 +112,7 @@ class RolloutBatchSource:
     # ------------------------------------------------------------------------------------- rollouts
     def _sample_groups(self, samples: list[dict[str, Any]], round_idx: int) -> list[list[Rollout]]:
         rng = random.Random(_mix_seed(self.seed, self.batches, round_idx, 1))
-        prompts = [self.tokenizer(s["prompt"])["input_ids"] for s in samples]
+        prompts = [encode_prompt(self.tokenizer, s["prompt"], chat_template=self.chat_template) for s in samples]
         flat = [p for p in prompts for _ in range(self.group_size)]
         completions = self.engine.generate(flat, self.sampling, seed=_mix_seed(self.seed, self.batches, round_idx))
         version = int(getattr(self.engine, "version", 0))
@@ -163,6 +170,7 @@ class RolloutBatchSource:
                 break
         self.batches += 1
         raw_rewards = [r.total_reward for r in all_rollouts]
+        tied = sum(len({r.total_reward for r in g}) <= 1 for g in kept)
         if self.tie_jitter > 0:
             self._jitter_ties(kept)
         rollouts = [r for g in kept for r in g]
@@ -178,6 +186,8 @@ class RolloutBatchSource:
             "avg_total_reward": sum(raw_rewards) / len(raw_rewards) if raw_rewards else 0.0,
             "avg_completion_length": sum(i.meta["completion_length"] for i in items) / len(items) if items else 0.0,
             "oversampling_factor": sampled_groups / self.prompts_per_batch,
+            "zero_variance_group_frac": tied / len(kept) if kept else 1.0,
+            "zero_weight_frac": sum(i.weight == 0 for i in items) / len(items) if items else 1.0,
             "rollout_rounds": rounds,
             "policy_version": int(getattr(self.engine, "version", 0)),
         }
@@ -198,7 +208,7 @@ class Evaluator:
     Metrics: reward (mean), accuracy (fraction with reward >= 1), avg_completion_length,
     completion_truncated_rate, plus the given reducers over per-completion records
     `{"reward", "finish_reason", "completion_length", "prompt_id"}`. `batch_size` completions are decoded
-    together (the concurrency of the CPU/GPU engine).
+    together (the concurrency of the CPU/GPU engine). `chat_template` as in RolloutBatchSource.
     """
 
     def __init__(
@@ -212,8 +222,10 @@ class Evaluator:
         batch_size: int = 64,
         reducers: Mapping[str, Reducer] | None = None,
         seed: int = 0,
+        chat_template: bool | None = None,
     ):
         self.engine, self.task, self.tokenizer = engine, task, tokenizer
+        self.chat_template = resolve_chat_template(tokenizer, chat_template)
         self.samples = list(samples if samples is not None else (task.eval_samples or task.samples))
         if not self.samples:
             raise ValueError("Evaluator needs at least one sample")
@@ -224,7 +236,7 @@ class Evaluator:
         records = []
         for start in range(0, len(self.samples), self.batch_size):
             chunk = self.samples[start : start + self.batch_size]
-            prompts = [self.tokenizer(s["prompt"])["input_ids"] for s in chunk]
+            prompts = [encode_prompt(self.tokenizer, s["prompt"], chat_template=self.chat_template) for s in chunk]
             for s, c in zip(chunk, self.engine.generate(prompts, self.sampling, seed=_mix_seed(self.seed, start))):
                 records.append(
                     {

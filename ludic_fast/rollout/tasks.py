@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,21 @@ class PromptAnswerTask:
     def reward(self, completion: str, sample: dict[str, Any]) -> float:
         return float(self.reward_fn(completion, sample["answer"]))
 
+    def hold_out(self, fraction: float, *, seed: int = 0) -> PromptAnswerTask:
+        """A copy whose eval samples are round(fraction·n) (at least 1) rows moved out of the training
+        samples (seeded shuffle); raises ValueError when that would leave no training row."""
+        if not 0.0 < fraction < 1.0:
+            raise ValueError(f"fraction must lie in (0, 1), got {fraction}")
+        n_eval = max(1, round(fraction * len(self.samples)))
+        if n_eval >= len(self.samples):
+            raise ValueError(f"holding out {n_eval} of {len(self.samples)} rows leaves none to train on")
+        order = list(range(len(self.samples)))
+        random.Random(seed).shuffle(order)
+        held = set(order[:n_eval])
+        train = [s for i, s in enumerate(self.samples) if i not in held]
+        evals = [s for i, s in enumerate(self.samples) if i in held]
+        return PromptAnswerTask(train, self.reward_fn, name=self.name, eval_samples=evals)
+
     @classmethod
     def from_jsonl(
         cls,
@@ -47,23 +63,30 @@ class PromptAnswerTask:
         answer_key: str = "answer",
         eval_path: str | os.PathLike[str] | None = None,
     ) -> PromptAnswerTask:
-        """Rows `{prompt_key: str, answer_key: str|number, "id"?: str}` from JSONL file(s)."""
+        """Rows `{prompt_key: str, answer_key: str|number, "id"?: str}` from JSONL file(s); each sample keeps
+        its `"source"` ("path:line"). A malformed line raises ValueError naming the file and line."""
 
         def read(p: str | os.PathLike[str]) -> list[dict[str, Any]]:
             rows = []
             for n, line in enumerate(Path(p).read_text(encoding="utf-8").splitlines()):
                 if not line.strip():
                     continue
-                obj = json.loads(line)
-                if prompt_key not in obj or answer_key not in obj:
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{p}:{n + 1}: not a JSON object ({exc.msg} at column {exc.colno})") from None
+                if not isinstance(obj, dict) or prompt_key not in obj or answer_key not in obj:
                     raise ValueError(f"{p}:{n + 1}: missing {prompt_key!r} or {answer_key!r}")
                 rows.append(
                     {
                         "id": str(obj.get("id", f"{Path(p).stem}-{n}")),
                         "prompt": str(obj[prompt_key]),
                         "answer": str(obj[answer_key]),
+                        "source": f"{p}:{n + 1}",
                     }
                 )
+            if not rows:
+                raise ValueError(f"{p}: no rows (expected one JSON object per line)")
             return rows
 
         fn = get_reward(reward) if isinstance(reward, str) else reward

@@ -1,0 +1,207 @@
+"""`ludic-fast train|demo` input errors: one line on stderr naming the flag or file:line, exit status 2, before
+anything is built or trained; the learning-signal warnings; one prompt format for SFT, rollouts and eval."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ludic_fast import train_cli
+from ludic_fast.cli_validation import UsageError, check_pretrained
+from ludic_fast.run_warnings import LearningSignalMonitor
+
+
+def run_cli(*argv: str, cwd=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    code = "import sys; from ludic_fast.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=120)
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    try:
+        assert train_cli.main(argv) == 2
+    except SystemExit as exc:  # argparse's own errors (bad choice, bad type) exit from parse_args
+        assert exc.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "", "nothing may run before the inputs are checked"
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"ludic-fast {argv[0]}: error: "), captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--task", "nope.jsonl"], "--task nope.jsonl: no such file"),
+        (["--lr", "-1e-5"], "--lr must be > 0, got -1e-05"),
+        (["--model", "no-such-org/no-such-model-7"], "--model no-such-org/no-such-model-7: not in the local Hugging"),
+    ],
+)
+def test_subprocess_errors_exit_2_with_one_line(tmp_path, argv, message):
+    proc = run_cli("train", *argv, "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and proc.stderr.count("\n") == 1 and message in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--sft-lr", "0"], "--sft-lr must be > 0, got 0.0"),
+        (["--lr", "nan"], "--lr must be > 0, got nan"),
+        (["--group-size", "0"], "--group-size must be >= 1, got 0"),
+        (["--rl-steps", "-3"], "--rl-steps must be >= 0, got -3"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--eval-holdout", "1.5"], "--eval-holdout must be in (0, 1)"),
+        (["--device", "gpu0"], "--device 'gpu0' is not a torch device"),
+        (["--reward", "fuzzy"], "--reward: reward must be one of"),
+        (["--resume"], "--resume needs --output-dir"),
+        (["--preset", "sft"], "argument --preset: invalid choice: 'sft'"),
+        (["--group-size", "two"], "argument --group-size: invalid int value: 'two'"),
+    ],
+)
+def test_bad_flags(capsys, flags, message):
+    assert message in one_line_error(capsys, ["train", *flags])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_device_cuda_without_cuda(capsys):
+    assert "--device cuda: CUDA is not available on this machine; use --device cpu" in one_line_error(
+        capsys, ["train", "--device", "cuda"]
+    )
+
+
+def test_missing_optional_packages_name_the_extra(capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("vllm", "peft") else real(name))
+    line = one_line_error(capsys, ["train", "--engine", "vllm", "--model", "embedded"])
+    assert "--engine vllm needs a Hugging Face model" in line
+    assert "pip install 'ludic-fast[lora]'" in one_line_error(capsys, ["train", "--lora-r", "4"])
+    monkeypatch.setattr("ludic_fast.cli_validation.check_pretrained", lambda *a, **k: None)  # no Hub lookup
+    line = one_line_error(capsys, ["train", "--engine", "vllm", "--model", "some/model"])
+    assert "--engine vllm needs the optional package vllm: pip install 'ludic-fast[vllm]'" in line
+
+
+def test_demo_rejects_model_and_task(capsys):
+    assert "demo runs the embedded default" in one_line_error(capsys, ["demo", "--task", "t.jsonl"])
+
+
+def test_task_file_errors_name_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1=", "answer": "2"}\n\n{"prompt": "2+2=", "answer": 4\n')
+    assert f"{bad}:3: not a JSON object" in one_line_error(capsys, ["train", "--task", str(bad)])
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text('{"prompt": "1+1="}\n')
+    assert f"{missing}:1: missing 'prompt' or 'answer'" in one_line_error(capsys, ["train", "--task", str(missing)])
+    alpha = tmp_path / "alpha.jsonl"
+    alpha.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "What is 2+2?", "answer": "4"}\n')
+    line = one_line_error(capsys, ["train", "--task", str(alpha)])
+    assert f"{alpha}:2: prompt 'What is 2+2?': character 'W' is not in the embedded tokenizer's alphabet" in line
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    assert "too few to hold out an eval set; pass --eval-task FILE or --eval-on-train" in one_line_error(
+        capsys, ["train", "--task", str(one)]
+    )
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    assert "exclude each other" in one_line_error(
+        capsys, ["train", "--task", str(one), "--eval-task", str(ok), "--eval-on-train"]
+    )
+
+
+def test_check_pretrained_local_directory(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")
+    check_pretrained(str(tmp_path), "--model")  # a saved model: accepted without the Hub
+    with pytest.raises(UsageError, match="directory without config.json"):
+        check_pretrained(str(tmp_path.parent), "--model")
+    with pytest.raises(UsageError, match="no such model directory"):
+        check_pretrained(str(tmp_path / "absent"), "--model")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UsageError, match="offline mode is on"):
+        check_pretrained("no-such-org/no-such-model-7", "--model")
+
+
+def test_jsonl_task_holds_out_eval_rows(tmp_path):
+    task = tmp_path / "t.jsonl"
+    task.write_text("".join(f'{{"prompt": "{i}+0=", "answer": "{i}"}}\n' for i in range(10)))
+    args = train_cli.build_parser("x").parse_args(["--task", str(task)])
+    built = train_cli.build_task(args)
+    assert len(built.samples) == 9 and len(built.eval_samples) == 1
+    assert not {s["prompt"] for s in built.samples} & {s["prompt"] for s in built.eval_samples}
+    assert "1 rows held out of the task (--eval-holdout)" in train_cli.describe_eval(args, built)
+    on_train = train_cli.build_task(train_cli.build_parser("x").parse_args(["--task", str(task), "--eval-on-train"]))
+    assert len(on_train.samples) == 10 and on_train.eval_samples == on_train.samples
+
+
+# ------------------------------------------------------------------------------------------- warnings
+def test_monitor_warns_once_per_kind():
+    said = []
+    mon = LearningSignalMonitor(said.append)
+    tied = {"train/zero_variance_group_frac": 1.0, "train/avg_total_reward": 0.0, "train/grad_norm": 0.0}
+    mon.log(1, tied)
+    mon.log(2, tied)
+    assert len(said) == 2 and "every group's rewards tie (mean reward 0)" in said[0] and "exactly 0" in said[1]
+    mon.log(3, {"train/num_samples": 0})
+    assert "every rollout was filtered out" in said[2]
+    mon.log(4, {"train/zero_variance_group_frac": 0.5, "train/grad_norm": 1.0, "train/num_samples": 8})
+    assert len(said) == 3  # a step with signal warns about nothing
+    LearningSignalMonitor(said.append).log(1, {"train/zero_weight_frac": 1.0, "train/zero_variance_group_frac": 0.0})
+    assert "advantage 0" in said[3]
+
+
+def test_group_size_one_warns_before_training_and_on_the_first_step(tmp_path, capsys):
+    argv = ["train", "--sft-steps", "0", "--rl-steps", "2", "--prompts-per-batch", "2", "--group-size", "1",
+            "--eval-every", "0", "--logger", "print", "--threads", "1", "--no-plot", "--output-dir", str(tmp_path)]
+    assert train_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("WARNING: --group-size 1 with cispo: a group of one has advantage 0") == 1
+    assert out.count("WARNING: step 1: every group's rewards tie") == 1  # said once, not on step 2 again
+    assert out.count("WARNING: step 1: the gradient is exactly 0") == 1
+
+
+# ------------------------------------------------------------------------------------------- prompt format
+def _templated_tokenizer(tmp_path):
+    from ludic_fast.embedded import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'user' %}u: {{ m['content'] }}{% else %}a: {{ m['content'] }}"
+        "<eos>{% endif %}{% endfor %}{% if add_generation_prompt %}a: {% endif %}"
+    )
+    tok.save_pretrained(tmp_path / "tok")
+    return tok, str(tmp_path / "tok")
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_sft_rollouts_and_eval_share_the_prompt_format(tmp_path, monkeypatch, chat):
+    """A tokenizer with a chat template ('u: ... a: '): the SFT items' prompts are the rollout and eval prompts."""
+    from ludic_fast.rollout import HFGenerateEngine, OfflineBatchSource
+
+    tok, path = _templated_tokenizer(tmp_path)
+    sft_prompts, gen_prompts = [], []
+    real_init, real_generate = OfflineBatchSource.__init__, HFGenerateEngine.generate
+
+    def record_items(self, items, **kw):
+        sft_prompts.extend(tuple(it.input_ids[: it.meta["prompt_length"]]) for it in items)
+        real_init(self, items, **kw)
+
+    def record_generate(self, prompts, sampling, **kw):
+        gen_prompts.extend(tuple(p) for p in prompts)
+        return real_generate(self, prompts, sampling, **kw)
+
+    monkeypatch.setattr(OfflineBatchSource, "__init__", record_items)
+    monkeypatch.setattr(HFGenerateEngine, "generate", record_generate)
+    argv = ["train", "--tokenizer", path, "--sft-steps", "1", "--rl-steps", "1", "--prompts-per-batch", "2",
+            "--group-size", "2", "--eval-every", "1", "--logger", "none", "--threads", "1", "--no-plot",
+            "--output-dir", str(tmp_path / "run"), "--chat-template" if chat else "--no-chat-template"]
+    assert train_cli.main(argv) == 0
+    assert gen_prompts and sft_prompts and set(gen_prompts) <= set(sft_prompts)
+    decoded = tok.decode(list(gen_prompts[0]))
+    assert decoded.startswith("u: ") == chat and decoded.endswith("a: ") == chat
