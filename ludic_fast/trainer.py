@@ -50,6 +50,12 @@ from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
 from ludic_fast.distributed.macro import macro_totals_across_ranks
 from ludic_fast.distributed.rank0 import Rank0Publisher
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
+from ludic_fast.integrations.packing import (
+    PACKED_ATTENTION_PATHS,
+    PackedAttention,
+    check_packed_attention,
+    resolve_packed_attention,
+)
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
 from ludic_fast.stats import Reducer, aggregate_stats, group_log_stats
 from ludic_fast.types import SAWBatch
@@ -87,8 +93,11 @@ class TrainerConfig:
     schedules need `total_steps`. temperature: the head temperature of the losses, T in softmax(z / T) —
     set it to the sampling temperature so the behaviour logprobs and the losses agree.
     kl_target / entropy_floor / ref_reset / ref_mix_alpha / kl_ema_decay: ProRL reference resets (needs a
-    ref_model). layout: "padded" (right padding) or "packed" (one row + position_ids; the model's attention
-    must honour position_ids restarts, e.g. flash-attention-2).
+    ref_model). layout: "padded" (right padding) or "packed" (one row per micro-batch, restarting
+    position_ids, attention kept within each sequence by `packed_attention`: "auto" picks flash varlen,
+    a flex BlockMask or a block-diagonal mask by the model's attention implementation, see
+    `integrations.packing`; unsupported models are refused). check_packing: probe the packed path once
+    at construction (two sequences packed vs alone) and refuse it when inexact.
     """
 
     model_device: str = field(default_factory=_default_device)
@@ -114,6 +123,8 @@ class TrainerConfig:
     total_steps: int | None = None
     gradient_checkpointing: bool = False
     layout: str = "padded"
+    packed_attention: str = "auto"
+    check_packing: bool = True
     temperature: float = 1.0
     backend: str = "auto"
     chunk_elements: int | None = None
@@ -139,6 +150,8 @@ class TrainerConfig:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.layout not in ("padded", "packed"):
             raise ValueError(f"layout must be 'padded' or 'packed', got {self.layout!r}")
+        if self.packed_attention not in PACKED_ATTENTION_PATHS:
+            raise ValueError(f"packed_attention must be one of {PACKED_ATTENTION_PATHS}, got {self.packed_attention!r}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.ref_reset not in _REF_RESETS:
@@ -232,6 +245,11 @@ class Trainer:
         if cfg.gradient_checkpointing:
             self._enable_gradient_checkpointing()
         self.ref_model = None if ref_model is None else ref_model.to(self.device).eval().requires_grad_(False)
+        self.packing = self.ref_packing = None
+        if cfg.layout == "packed":
+            self.packing = self._packed_attention(self.model, training=True)
+            if self.ref_model is not None:
+                self.ref_packing = self._packed_attention(self.ref_model, training=False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas), eps=cfg.eps
@@ -260,6 +278,16 @@ class Trainer:
         if hasattr(self.model, "enable_input_require_grads"):
             self.model.enable_input_require_grads()
 
+    def _packed_attention(self, model: nn.Module, *, training: bool) -> PackedAttention:
+        """The packed-attention path of `model` (`integrations.packing`), probed when `check_packing`."""
+        packing = resolve_packed_attention(
+            model, path=self.cfg.packed_attention, device=self.device, max_seq_len=self.cfg.max_seq_len,
+            training=training,
+        )
+        if self.cfg.check_packing:
+            check_packed_attention(model, packing)
+        return packing
+
     # ------------------------------------------------------------------------------------------ loss
     def _collate(self, chunk: list, index: Mapping[str, int], macro: MacroTotals) -> dict[str, Tensor]:
         if self.cfg.layout == "packed":
@@ -268,11 +296,14 @@ class Trainer:
             chunk, pad_token_id=self.cfg.pad_token_id, device=self.device, group_index=index, macro=macro
         )
 
-    def _model_inputs(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        if "position_ids" in batch:
-            inputs["position_ids"] = batch["position_ids"]
-        return inputs
+    def _model_inputs(self, batch: Mapping[str, Tensor], *, reference: bool = False) -> dict[str, Any]:
+        """Forward kwargs of the policy (or reference) model: padded ids + mask, or the packed path's inputs."""
+        if "cu_seqlens" not in batch:
+            return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        packing = self.ref_packing if reference else self.packing
+        if packing is None:
+            raise ValueError("a packed batch (cu_seqlens) needs TrainerConfig(layout='packed')")
+        return packing.model_inputs(batch)
 
     def micro_loss(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
         """(loss, stats) of one collated micro-batch through the fused head (inside the model's forward,
@@ -297,7 +328,7 @@ class Trainer:
     def reference_logps(self, batch: Mapping[str, Tensor]) -> Tensor:
         """log p_ref of each action token at its position ([B, T], 0 elsewhere), through the fused head."""
         ids = batch["input_ids"]
-        hidden = final_hidden_states(self.ref_model, **self._model_inputs(batch))
+        hidden = final_hidden_states(self.ref_model, **self._model_inputs(batch, reference=True))
         targets = torch.where(batch["action_mask"][:, 1:] > 0, ids[:, 1:], torch.full_like(ids[:, 1:], -100))
 
         def logprobs(head: LMHead, h: Tensor) -> Tensor:

@@ -1,0 +1,257 @@
+"""Padding-free (packed) forwards of transformers causal LMs that never attend across sequences.
+
+A packed row holds S sequences back to back, `input_ids [1, total]`, with `cu_seqlens [S+1]` (sequence s
+occupies `[cu[s], cu[s+1])`) and restarting `position_ids`. Restarting positions alone do not stop a query of
+sequence s from attending keys of sequence s-1 under transformers' eager or sdpa attention: the row is one
+causal sequence to them. Exactness needs the attention to be block-diagonal causal,
+
+    allowed(q, k) = doc(q) == doc(k) and k <= q,
+
+which this module provides per attention implementation (`config._attn_implementation`):
+
+- `varlen`  flash-attention (`flash_attention_2/3`, kernels-hub flash): no mask, `cu_seq_lens_q/k` and
+            `max_length_q/k` keyword arguments; the varlen kernel runs each sequence on its own
+            (Dao, "FlashAttention-2", arXiv 2307.08691).
+- `flex`    `flex_attention`: a `BlockMask` of the rule above (torch.nn.attention.flex_attention); fully
+            masked tiles are skipped. PyTorch's flex attention has no backward on CPU.
+- `mask`    `eager` / `sdpa`: a dense `[1, 1, total, total]` mask of the rule above (bool for sdpa, additive
+            0 / dtype-min for eager). O(total²) memory: 64 MiB (bool) at 8192 tokens.
+- `position_ids`  restarting positions only: for models whose own attention separates sequences by them.
+
+`resolve_packed_attention` picks the path (or refuses with `PackedAttentionError`, a ValueError) and
+`check_packed_attention` proves it on the model with a two-sequence probe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ludic_fast.integrations.transformers import call_in_forward, final_hidden_states, unwrap_model
+
+PACKED_ATTENTION_PATHS = ("auto", "varlen", "flex", "mask", "position_ids")
+
+
+class PackedAttentionError(ValueError):
+    """The model's attention cannot run a packed row exactly (sequences would attend each other)."""
+
+
+def attention_implementation(model: nn.Module) -> str | None:
+    """`config._attn_implementation` of the (unwrapped) model, or None when it has no transformers config."""
+    config = getattr(unwrap_model(model), "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    return impl if isinstance(impl, str) else None
+
+
+def _auto_path(impl: str | None) -> str:
+    if impl is None:
+        raise PackedAttentionError(
+            "layout='packed': the model has no transformers config._attn_implementation, so the trainer cannot "
+            "make its attention block-diagonal; use layout='padded', or packed_attention='position_ids' if the "
+            "model's attention separates sequences by restarting position_ids itself"
+        )
+    if "flash" in impl:
+        return "varlen"
+    if impl == "flex_attention":
+        return "flex"
+    if impl in ("eager", "sdpa"):
+        return "mask"
+    raise PackedAttentionError(
+        f"layout='packed': attention implementation {impl!r} is not one the trainer can make block-diagonal "
+        "(eager, sdpa, flex_attention, flash_attention_*); use layout='padded' or one of those"
+    )
+
+
+def _limited_window(config: Any) -> int | None:
+    """The smallest sliding-window / chunk size any layer of the model uses, or None."""
+    windows = []
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    uses_window = (
+        "sliding_attention" in layer_types
+        if isinstance(layer_types, (list, tuple))
+        else getattr(config, "use_sliding_window", True)
+    )
+    if isinstance(window, int) and uses_window:
+        windows.append(window)
+    chunk = getattr(config, "attention_chunk_size", None)
+    if isinstance(chunk, int):
+        windows.append(chunk)
+    return min(windows) if windows else None
+
+
+@dataclass(frozen=True)
+class PackedAttention:
+    """How packed rows reach one model's attention: `path` (module docstring), the model's implementation,
+    and the additive mask's dtype for eager attention (None: a bool mask)."""
+
+    path: str
+    attn_implementation: str | None = None
+    mask_dtype: torch.dtype | None = None
+
+    def model_inputs(self, batch: Mapping[str, Tensor]) -> dict[str, Any]:
+        """Keyword arguments of the base model's forward for a packed batch (`input_ids [1, total]`,
+        `position_ids [1, total]`, `cu_seqlens [S+1]`): input_ids, position_ids and the path's attention
+        inputs. No `attention_mask` on the varlen and position_ids paths (flash-attention would unpad by it)."""
+        ids, cu = batch["input_ids"], batch["cu_seqlens"]
+        if ids.ndim != 2 or ids.shape[0] != 1:
+            raise ValueError(f"input_ids: a packed batch is one row [1, total], got {tuple(ids.shape)}")
+        inputs: dict[str, Any] = {"input_ids": ids, "position_ids": batch["position_ids"]}
+        if self.path == "varlen":
+            cu = cu.to(device=ids.device, dtype=torch.int32)
+            longest = int((cu[1:] - cu[:-1]).max())
+            inputs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+        elif self.path == "flex":
+            inputs["attention_mask"] = _block_mask(document_ids(cu, ids.shape[1]))
+        elif self.path == "mask":
+            inputs["attention_mask"] = _dense_mask(document_ids(cu, ids.shape[1]), self.mask_dtype)
+        return inputs
+
+
+def document_ids(cu_seqlens: Tensor, total: int) -> Tensor:
+    """doc[t] = s for cu[s] <= t < cu[s+1]: int64 [total], on cu_seqlens' device, without a host sync."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    docs = torch.arange(lengths.numel(), device=cu_seqlens.device)
+    return torch.repeat_interleave(docs, lengths, output_size=total)
+
+
+def _dense_mask(doc: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """[1, 1, T, T]: True (or 0) where doc(q) == doc(k) and k <= q; False (or dtype-min) elsewhere."""
+    n = doc.numel()
+    allowed = (doc[:, None] == doc[None, :]) & torch.ones(n, n, dtype=torch.bool, device=doc.device).tril()
+    if dtype is None:
+        return allowed[None, None]
+    mask = torch.zeros(n, n, dtype=dtype, device=doc.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def _block_mask(doc: Tensor) -> Any:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def document_causal(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        return (doc[q] == doc[k]) & (k <= q)
+
+    n = doc.numel()
+    return create_block_mask(document_causal, None, None, n, n, device=doc.device)
+
+
+def resolve_packed_attention(
+    model: nn.Module, *, path: str = "auto", device: torch.device | str = "cpu", max_seq_len: int | None = None,
+    training: bool = True,
+) -> PackedAttention:
+    """The packed path for `model` on `device` (`path="auto"`: by its attention implementation, module docstring).
+
+    Raises `PackedAttentionError` where packing cannot be exact: no transformers attention implementation
+    (auto), an implementation other than eager / sdpa / flex_attention / flash_attention_*, flex attention
+    when training on CPU (PyTorch has no flex backward there), a forced path the implementation does not take,
+    or a sliding-window / chunked-attention model (mask and flex paths) whose window is shorter than
+    `max_seq_len` (with shorter sequences the window never binds)."""
+    if path not in PACKED_ATTENTION_PATHS:
+        raise ValueError(f"packed_attention must be one of {PACKED_ATTENTION_PATHS}, got {path!r}")
+    impl = attention_implementation(model)
+    chosen = _auto_path(impl) if path == "auto" else path
+    if path not in ("auto", "position_ids") and impl is not None and _auto_path(impl) != chosen:
+        raise PackedAttentionError(
+            f"packed_attention={path!r} does not fit attention implementation {impl!r} "
+            f"(it takes {_auto_path(impl)!r}); use packed_attention='auto'"
+        )
+    if chosen == "flex" and training and torch.device(device).type == "cpu":
+        raise PackedAttentionError(
+            "layout='packed' with flex_attention on CPU: PyTorch's flex attention has no backward on CPU; "
+            "use attn_implementation='sdpa' or 'eager' there (the trainer then uses a block-diagonal mask)"
+        )
+    config = getattr(unwrap_model(model), "config", None)
+    window = _limited_window(config) if config is not None else None
+    if chosen in ("mask", "flex") and window is not None and (max_seq_len is None or max_seq_len > window):
+        raise PackedAttentionError(
+            f"layout='packed': the model uses sliding-window / chunked attention (window {window}) and "
+            f"max_seq_len={max_seq_len} exceeds it; the {chosen} path builds a full block-diagonal causal mask. "
+            "Use flash_attention_2 (windows applied per sequence), max_seq_len <= the window, or layout='padded'"
+        )
+    mask_dtype = None
+    if chosen == "mask" and impl == "eager":
+        emb = unwrap_model(model).get_input_embeddings()
+        mask_dtype = emb.weight.dtype if emb is not None and emb.weight.is_floating_point() else torch.float32
+    return PackedAttention(path=chosen, attn_implementation=impl, mask_dtype=mask_dtype)
+
+
+def _probe_rows(vocab: int, lengths: Sequence[int], seed: int) -> tuple[Tensor, Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    first, second = (torch.randint(0, vocab, (n,), generator=g) for n in lengths)
+    other = (first + 1 + torch.randint(0, vocab - 1, first.shape, generator=g)) % vocab  # differs everywhere
+    return first, other, second
+
+
+@torch.no_grad()
+def check_packed_attention(
+    model: nn.Module, packing: PackedAttention, *, lengths: Sequence[int] = (7, 5), seed: int = 0,
+    rtol: float | None = None,
+) -> dict[str, float]:
+    """Probe that a packed forward of `model` is exact: raises `PackedAttentionError` otherwise.
+
+    Two sequences A (lengths[0] tokens) and B run packed as [A, B] and [A', B] (A' differs from A at every
+    token) and each alone. Isolation: B's final hidden states must not change with A (max |Δ| over max |h|
+    at most 1e-5 in fp32, 1e-3 in half precision: exact masking gives 0). Positions: each sequence packed
+    equals it alone (relative error at most `rtol`, default 1e-4 in fp32 and 5e-2 in half precision).
+    Runs in eval mode (no dropout) inside the model's forward (`call_in_forward`); returns both errors."""
+    lm = unwrap_model(model)
+    emb = lm.get_input_embeddings() if hasattr(lm, "get_input_embeddings") else None
+    if emb is None or not hasattr(emb, "num_embeddings"):
+        raise PackedAttentionError("layout='packed': cannot probe a model without input embeddings")
+    param = next(lm.parameters())
+    half = param.dtype in (torch.float16, torch.bfloat16)
+    iso_tol, pos_tol = (1e-3, 5e-2) if half else (1e-5, 1e-4)
+    pos_tol = pos_tol if rtol is None else rtol
+    first, other, second = _probe_rows(emb.num_embeddings, lengths, seed)
+    device = param.device
+
+    def hidden(*seqs: Tensor) -> Tensor:
+        lens = [s.numel() for s in seqs]
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        batch = {
+            "input_ids": torch.cat(seqs)[None].to(device),
+            "position_ids": torch.cat([torch.arange(n) for n in lens])[None].to(device),
+            "cu_seqlens": cu.to(device),
+        }
+        inputs = packing.model_inputs(batch) if len(seqs) > 1 else {"input_ids": batch["input_ids"]}
+        return call_in_forward(model, lambda m, **kw: final_hidden_states(m, **kw), **inputs)[0].float()
+
+    was_training = model.training
+    model.eval()
+    try:
+        packed, packed_other = hidden(first, second), hidden(other, second)
+        alone_a, alone_b = hidden(first), hidden(second)
+    finally:
+        model.train(was_training)
+    n = lengths[0]
+    scale = max(float(alone_b.abs().max()), float(alone_a.abs().max()), 1e-6)
+    isolation = float((packed[n:] - packed_other[n:]).abs().max()) / scale
+    positions = max(float((packed[:n] - alone_a).abs().max()), float((packed[n:] - alone_b).abs().max())) / scale
+    name = f"{type(lm).__name__} ({packing.attn_implementation}, path {packing.path!r})"
+    if not isolation <= iso_tol:
+        raise PackedAttentionError(
+            f"layout='packed': {name} lets a packed sequence attend the one before it (relative change "
+            f"{isolation:.3g} > {iso_tol:g}); use layout='padded' or another attention implementation"
+        )
+    if not positions <= pos_tol:
+        raise PackedAttentionError(
+            f"layout='packed': {name} gives a packed sequence other hidden states than the sequence alone "
+            f"(relative error {positions:.3g} > {pos_tol:g}); are restarting position_ids ignored? "
+            "Use layout='padded'"
+        )
+    return {"isolation": isolation, "positions": positions}
+
+
+__all__ = [
+    "PACKED_ATTENTION_PATHS",
+    "PackedAttentionError",
+    "PackedAttention",
+    "attention_implementation",
+    "document_ids",
+    "resolve_packed_attention",
+    "check_packed_attention",
+]

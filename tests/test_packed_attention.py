@@ -1,0 +1,220 @@
+"""Packed (padding-free) micro-batches equal padded ones per sequence on every attention path this machine runs:
+logits, loss and gradients of a Llama and a Qwen2 (GQA, qkv bias, tied head) under eager and sdpa (block-diagonal
+mask), flex attention's forward on CPU (BlockMask), and the refusals: flex training on CPU, a model without a
+transformers attention implementation, a sliding window shorter than max_seq_len, a forced path that does not
+fit, and the probe's refusal of inputs that mix sequences (the old position_ids + all-ones mask)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _trainer_fixtures import TOKENIZER, ListSource, make_items
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from ludic_fast import reference
+from ludic_fast.algorithm import make_cispo
+from ludic_fast.batching import MacroTotals, collate_packed, collate_saw_items, group_index_of
+from ludic_fast.embedded import build_tiny_model
+from ludic_fast.integrations.packing import (
+    PackedAttention,
+    PackedAttentionError,
+    check_packed_attention,
+    document_ids,
+    resolve_packed_attention,
+)
+from ludic_fast.integrations.transformers import final_hidden_states
+from ludic_fast.trainer import Trainer, TrainerConfig
+from ludic_fast.types import SAWBatch
+
+SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+
+
+def _model(arch: str, attn: str, **extra) -> torch.nn.Module:
+    if arch == "llama":
+        return build_tiny_model(len(TOKENIZER), num_key_value_heads=4, attn_implementation=attn, **SHAPE, **extra)
+    cfg = Qwen2Config(vocab_size=len(TOKENIZER), num_key_value_heads=2, tie_word_embeddings=True,
+                      max_position_embeddings=64, attn_implementation=attn, **SHAPE, **extra)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Qwen2ForCausalLM(cfg)
+
+
+def _trainer(model, layout: str, **kw) -> Trainer:
+    base = dict(model_device="cpu", pad_token_id=0, sync_every_steps=0, max_seq_len=16, micro_token_budget=128)
+    cfg = TrainerConfig(**{**base, "layout": layout, **kw})
+    return Trainer(model=model, algo=make_cispo(group_size=1), batch_source=ListSource([make_items(6, seed=3)]),
+                   cfg=cfg)
+
+
+def _batches(items):
+    index, macro = group_index_of(items), MacroTotals.of(items)
+    return (collate_saw_items(items, pad_token_id=0, group_index=index, macro=macro),
+            collate_packed(items, group_index=index, macro=macro))
+
+
+def test_document_ids():
+    cu = torch.tensor([0, 3, 4, 8], dtype=torch.int32)
+    assert document_ids(cu, 8).tolist() == [0, 0, 0, 1, 2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_packed_equals_padded_logits_loss_and_gradients(arch, attn):
+    """Per sequence: logits of the packed row == the padded row's; the packed micro-batch's CISPO loss and every
+    parameter's gradient == the reference CISPOLoss on the padded batch's full logits."""
+    items = make_items(6, seed=3)
+    padded, packed = _batches(items)
+    model = _model(arch, attn)
+    ref_model = copy.deepcopy(model)
+    trainer = _trainer(model, "packed")
+    assert trainer.packing.path == "mask" and trainer.packing.attn_implementation == attn
+    with torch.no_grad():
+        h_packed = final_hidden_states(model, **trainer._model_inputs(packed))[0]
+        h_padded = final_hidden_states(model, input_ids=padded["input_ids"], attention_mask=padded["attention_mask"])
+        w = model.get_output_embeddings().weight
+        cu = packed["cu_seqlens"].tolist()
+        for b in range(len(items)):
+            n = cu[b + 1] - cu[b]
+            torch.testing.assert_close(h_packed[cu[b]:cu[b + 1]] @ w.T, h_padded[b, :n] @ w.T, rtol=1e-5, atol=1e-5)
+    loss, _ = trainer.micro_loss(packed)
+    loss.backward()
+    logits = ref_model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
+    ref_loss, _ = reference.CISPOLoss()(padded, logits=logits)
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    got = dict(model.named_parameters())
+    for name, p in ref_model.named_parameters():
+        torch.testing.assert_close(got[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_packed_step_gradient_equals_padded_step_gradient():
+    """Whole-step accumulation (truncate, sort, split into several micro-batches, collate, backward) from one
+    init: the same loss and gradients under both layouts."""
+    model = _model("llama", "sdpa")
+    items = make_items(8, seed=6)
+    out = {}
+    for layout in ("padded", "packed"):
+        trainer = _trainer(copy.deepcopy(model), layout, micro_token_budget=24)
+        loss, _, sizes, _ = trainer.accumulate_gradients(SAWBatch(items=list(items)))
+        assert len(sizes) > 1
+        out[layout] = loss, {n: p.grad for n, p in trainer.model.named_parameters()}
+    torch.testing.assert_close(out["packed"][0], out["padded"][0], rtol=1e-5, atol=1e-6)
+    for name, g in out["padded"][1].items():
+        torch.testing.assert_close(out["packed"][1][name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_packed_reference_model_logps_equal_padded():
+    items = make_items(5, seed=4)
+    padded, packed = _batches(items)
+    model = _model("qwen2", "eager")
+    cfg = {"kl_target": 1.0}
+    t_pad = Trainer(model=copy.deepcopy(model), algo=make_cispo(group_size=1), batch_source=ListSource([items]),
+                    cfg=TrainerConfig(model_device="cpu", pad_token_id=0, sync_every_steps=0, **cfg),
+                    ref_model=copy.deepcopy(model))
+    t_pack = Trainer(model=copy.deepcopy(model), algo=make_cispo(group_size=1), batch_source=ListSource([items]),
+                     cfg=TrainerConfig(model_device="cpu", pad_token_id=0, sync_every_steps=0, layout="packed",
+                                       **cfg), ref_model=copy.deepcopy(model))
+    ref_pad, ref_pack = t_pad.reference_logps(padded), t_pack.reference_logps(packed)
+    mask = padded["attention_mask"] > 0
+    torch.testing.assert_close(ref_pack[0], ref_pad[mask], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_flex_attention_forward_on_cpu_equals_padded(arch):
+    """Flex attention runs forward-only on CPU (no backward there): the BlockMask path gives the padded logits."""
+    torch._dynamo.reset()  # a recompile for a second shape hits an Inductor CPU codegen bug (dynamic shapes)
+    items = make_items(4, seed=5)
+    padded, packed = _batches(items)
+    model = _model(arch, "flex_attention").eval()
+    packing = resolve_packed_attention(model, device="cpu", training=False)
+    assert packing.path == "flex"
+    with torch.no_grad():
+        h_packed = final_hidden_states(model, **packing.model_inputs(packed))[0]
+        h_padded = final_hidden_states(model, input_ids=padded["input_ids"], attention_mask=padded["attention_mask"])
+    cu = packed["cu_seqlens"].tolist()
+    for b in range(len(items)):
+        torch.testing.assert_close(h_packed[cu[b]:cu[b + 1]], h_padded[b, :cu[b + 1] - cu[b]], rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+def test_flex_training_on_cpu_is_refused():
+    with pytest.raises(PackedAttentionError, match="no backward on CPU"):
+        _trainer(_model("llama", "flex_attention"), "packed")
+
+
+def test_model_without_attention_implementation_is_refused():
+    class Bare(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+    with pytest.raises(PackedAttentionError, match="no transformers config"):
+        resolve_packed_attention(Bare())
+
+
+def test_sliding_window_shorter_than_max_seq_len_is_refused():
+    model = _model("qwen2", "sdpa", use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    with pytest.raises(PackedAttentionError, match="sliding-window"):
+        _trainer(model, "packed")  # max_seq_len 16 > window 8
+    assert resolve_packed_attention(model, max_seq_len=8).path == "mask"  # the window never binds
+
+
+def test_forced_path_that_does_not_fit_is_refused():
+    with pytest.raises(PackedAttentionError, match="does not fit"):
+        _trainer(_model("llama", "sdpa"), "packed", packed_attention="varlen")
+    with pytest.raises(ValueError, match="packed_attention"):
+        TrainerConfig(model_device="cpu", pad_token_id=0, packed_attention="cu_seqlens")
+
+
+class _OldInputs(PackedAttention):
+    """What layout='packed' fed the model before: restarting position_ids plus an all-ones attention_mask."""
+
+    def model_inputs(self, batch):
+        ids = batch["input_ids"]
+        return {"input_ids": ids, "position_ids": batch["position_ids"], "attention_mask": torch.ones_like(ids)}
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_the_probe_refuses_inputs_that_mix_sequences(attn):
+    """Restarting position_ids with an all-ones 2D mask let the second sequence attend the first under eager and
+    sdpa: the probe measures it and refuses; the resolved path passes it exactly (isolation error 0)."""
+    model = _model("llama", attn)
+    with pytest.raises(PackedAttentionError, match="attend the one before it"):
+        check_packed_attention(model, _OldInputs(path="position_ids", attn_implementation=attn))
+    errors = check_packed_attention(model, resolve_packed_attention(model))
+    assert errors["isolation"] == 0.0 and errors["positions"] < 1e-5
+
+
+# -------------------------------------------------------------------------------------------------- GPU
+def _cuda_paths() -> list[str]:
+    if not torch.cuda.is_available():
+        return []
+    paths = ["sdpa", "eager", "flex_attention"]
+    try:
+        import flash_attn  # noqa: F401
+
+        paths.append("flash_attention_2")
+    except ImportError:
+        pass
+    return paths
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("attn", _cuda_paths() or ["none"])
+def test_packed_equals_padded_on_cuda(attn):
+    """bf16 on CUDA: every available attention path's packed gradient equals the padded one's (bf16 tolerance)."""
+    items = make_items(6, seed=3)
+    model = _model("qwen2", attn).to(device="cuda", dtype=torch.bfloat16)
+    grads = {}
+    for layout in ("padded", "packed"):
+        m = copy.deepcopy(model)
+        trainer = Trainer(model=m, algo=make_cispo(group_size=1), batch_source=ListSource([items]),
+                          cfg=TrainerConfig(model_device="cuda", pad_token_id=0, sync_every_steps=0, max_seq_len=16,
+                                            micro_token_budget=128, layout=layout))
+        trainer.accumulate_gradients(SAWBatch(items=list(items)))
+        grads[layout] = {n: p.grad.float() for n, p in m.named_parameters()}
+    for name, g in grads["padded"].items():
+        torch.testing.assert_close(grads["packed"][name], g, rtol=5e-2, atol=5e-3, msg=name)
