@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ludic_fast._common import HeadOutput, per_token_temperature, validate_head_inputs
+from ludic_fast.reference_divergence import linear_divergence
 from ludic_fast.reference_preference import DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss
 
 Batch = Mapping[str, Tensor]
@@ -761,6 +762,7 @@ class GSPOTokenLoss(_LudicLoss):
 
 
 __all__ = [
+    "linear_divergence",
     "DPOLoss",
     "IPOLoss",
     "KTOLoss",

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ludic_fast._common import HeadOutput, validate_head_inputs
+from ludic_fast.ops.divergence import linear_divergence
 from ludic_fast.ops.torch_head import HeadTransform, LinearLogprobsFunction
 
 BACKENDS = ("auto", "torch", "triton")
@@ -134,4 +135,4 @@ def linear_cross_entropy(
     return nll.sum() / (targets != ignore_index).sum().clamp(min=1)
 
 
-__all__ = ["linear_logprobs", "linear_cross_entropy", "resolve_backend", "HeadOutput", "BACKENDS"]
+__all__ = ["linear_divergence", "linear_logprobs", "linear_cross_entropy", "resolve_backend", "HeadOutput", "BACKENDS"]
