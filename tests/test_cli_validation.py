@@ -158,7 +158,8 @@ def test_monitor_warns_once_per_kind():
 
 def test_group_size_one_warns_before_training_and_on_the_first_step(tmp_path, capsys):
     argv = ["train", "--sft-steps", "0", "--rl-steps", "2", "--prompts-per-batch", "2", "--group-size", "1",
-            "--eval-every", "0", "--logger", "print", "--threads", "1", "--no-plot", "--output-dir", str(tmp_path)]
+            "--eval-every", "0", "--logger", "print", "--threads", "1", "--no-plot", "--output-dir", str(tmp_path),
+            "--device", "cpu"]
     assert train_cli.main(argv) == 0
     out = capsys.readouterr().out
     assert out.count("WARNING: --group-size 1 with cispo: a group of one has advantage 0") == 1
@@ -200,7 +201,8 @@ def test_sft_rollouts_and_eval_share_the_prompt_format(tmp_path, monkeypatch, ch
     monkeypatch.setattr(HFGenerateEngine, "generate", record_generate)
     argv = ["train", "--tokenizer", path, "--sft-steps", "1", "--rl-steps", "1", "--prompts-per-batch", "2",
             "--group-size", "2", "--eval-every", "1", "--logger", "none", "--threads", "1", "--no-plot",
-            "--output-dir", str(tmp_path / "run"), "--chat-template" if chat else "--no-chat-template"]
+            "--device", "cpu", "--output-dir", str(tmp_path / "run"),
+            "--chat-template" if chat else "--no-chat-template"]
     assert train_cli.main(argv) == 0
     assert gen_prompts and sft_prompts and set(gen_prompts) <= set(sft_prompts)
     decoded = tok.decode(list(gen_prompts[0]))

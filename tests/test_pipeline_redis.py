@@ -117,6 +117,39 @@ def test_codec_roundtrip_and_malformed_payloads():
         encode_item(item, item_id="", policy_version=0)
 
 
+# ------------------------------------------------------------------------------- back-pressure, shutdown
+@needs_server
+def test_actor_waits_at_the_queue_bound_and_stops_when_the_learner_is_done(server, caplog):
+    import threading
+
+    caplog.set_level(logging.INFO, logger="ludic_fast.distributed.pipeline")
+    keys = PipelineKeys("bound")
+    assert PipelineProducer(server.url, keys=keys).max_queued == 1024  # bounded by default
+    src = PipelineBatchSource(server.url, keys=keys, batch_size=2, block_ms=50)
+    prod = PipelineProducer(server.url, keys=keys, actor_id="A", max_queued=3)
+    result = {}
+    actor = threading.Thread(target=lambda: result.update(pushed=run_pipeline_actor(lambda v: [_item(0), _item(1)],
+                                                                                    prod)))
+    actor.start()  # no num_rounds: it runs until the learner is done
+    deadline = time.monotonic() + 20
+    while prod.pushed < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert prod.pushed == 3 and prod.queued() == 3  # waiting at the bound, not flooding
+    assert len(src.next_batch_sync().items) == 2
+    src.commit()  # trained on: two entries leave the stream, the actor fills it up to the bound again
+    while prod.pushed < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert prod.pushed == 5 and prod.queued() == 3
+    src.mark_done()
+    actor.join(timeout=10)
+    assert not actor.is_alive() and result["pushed"] == 5
+    assert "the learner finished while this actor waited" in caplog.text and "round 1: pushed 2 items" in caplog.text
+    PipelineBatchSource(server.url, keys=keys, batch_size=2)  # a new learner clears the mark
+    assert not prod.learner_done()
+
+
 # ------------------------------------------------------------------------------- delivery semantics
 @needs_server
 def test_batch_source_drops_malformed_duplicate_and_stale_and_acks_after_training(server, caplog):

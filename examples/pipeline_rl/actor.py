@@ -4,8 +4,9 @@
 
 Model, task, preset and sampling flags are those of `ludic-fast train` and must match the learner's;
 `--engine vllm` samples with an in-process vLLM (GPU) that loads each published version. Give every actor
-its own --actor-id and --seed. Runs until interrupted (or --rounds batches). See
-docs/distributed.md.
+its own --actor-id and --seed. Runs until the learner marks the run done (or --rounds batches), logging
+each round; it waits while the stream holds --max-queued items (default: 4 learner batches), so it never
+runs far ahead of the learner. See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -26,9 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser("examples/pipeline_rl/actor.py")
     g = add_pipeline_args(parser)
     g.add_argument("--actor-id", default=None, help="unique per actor (default: random)")
-    g.add_argument("--rounds", type=int, default=None, help="rollout batches to push (default: until interrupted)")
-    g.add_argument("--max-queued", type=int, default=None, help="wait while the stream holds this many items")
+    g.add_argument("--rounds", type=int, default=None, help="batches to push (default: until the learner is done)")
+    g.add_argument(
+        "--max-queued",
+        type=int,
+        default=None,
+        help="wait while the stream holds this many items (default: 4 x prompts-per-batch x group-size)",
+    )
     args = parser.parse_args(argv)
+    max_queued = args.max_queued if args.max_queued is not None else 4 * args.prompts_per_batch * args.group_size
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -44,10 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         group_size=args.group_size,
         sampling=SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens),
         seed=args.seed,
+        chat_template=args.chat_template,
     )
     keys = PipelineKeys(args.prefix)
     subscriber = RedisWeightSubscriber(args.redis_url, engine.publish, keys=keys)  # load_state_dict + version
-    producer = PipelineProducer(args.redis_url, keys=keys, actor_id=args.actor_id, max_queued=args.max_queued)
+    producer = PipelineProducer(args.redis_url, keys=keys, actor_id=args.actor_id, max_queued=max_queued)
 
     def make_items(version: int):
         return asyncio.run(rollouts.next_batch()).items

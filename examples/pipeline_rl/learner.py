@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                       train_logger=logger, reducers=default_reducers())
     trainer.train_sync(args.rl_steps)
     source.commit()  # the last batch has been trained on
+    source.mark_done()  # the actors stop
     print(f"[learner] done: {trainer.step_idx} steps; pipeline counters {source.counters}")
     return 0
 

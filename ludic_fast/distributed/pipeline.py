@@ -16,6 +16,10 @@ Transport: one Redis stream (`<prefix>:items`) read through a consumer group (`<
   `current_version - policy_version > max_lag` is dropped and counted (`counters["stale"]`). The current
   version is what the learner last published (`<prefix>:weights`, see `ludic_fast.distributed.publish`)
   unless the caller passes `current_version`.
+- Back-pressure and shutdown: a producer waits while the stream holds `max_queued` entries (1024 by
+  default), so actors never run far ahead of the learner; a learner that has finished sets
+  `<prefix>:done` (`PipelineBatchSource.mark_done`, cleared when a learner starts) and actors stop at
+  their next round or while they wait.
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ class MalformedPayloadError(ValueError):
     """A pipeline payload that is not a valid encoded SAWItem."""
 
 
+class LearnerDone(Exception):
+    """The learner has marked the pipeline done (`<prefix>:done`): actors stop pushing."""
+
+
 @dataclass(frozen=True)
 class PipelineKeys:
     """Redis key names of one pipeline; actors and learner must use the same `prefix`."""
@@ -67,6 +75,10 @@ class PipelineKeys:
     @property
     def weights(self) -> str:
         return f"{self.prefix}:weights"
+
+    @property
+    def done(self) -> str:
+        return f"{self.prefix}:done"
 
 
 DEFAULT_KEYS = PipelineKeys()
@@ -112,7 +124,8 @@ def decode_item(payload: bytes) -> SAWItem:
 class PipelineProducer:
     """Pushes SAWItems onto the stream with ids `<actor_id>:<n>`; a push survives Redis restarts (the same
     payload is re-sent until it is acknowledged, and the learner drops the repeat if both copies landed).
-    `max_queued` bounds the entries waiting in the stream: `push` waits while the stream is that long."""
+    `max_queued` bounds the entries waiting in the stream (None: unbounded): `push` waits while the stream
+    is that long, and raises LearnerDone if the learner marks the pipeline done meanwhile."""
 
     def __init__(
         self,
@@ -120,7 +133,7 @@ class PipelineProducer:
         *,
         keys: PipelineKeys = DEFAULT_KEYS,
         actor_id: str | None = None,
-        max_queued: int | None = None,
+        max_queued: int | None = 1024,
         retry_timeout_s: float = 120.0,
     ):
         if max_queued is not None and max_queued < 1:
@@ -137,11 +150,23 @@ class PipelineProducer:
         item_id = f"{self.actor_id}:{next(self._seq)}"
         payload = encode_item(item, item_id=item_id, policy_version=policy_version)
         if self.max_queued is not None:
-            while self.conn.call(lambda c: c.xlen(self.keys.stream), "XLEN") >= self.max_queued:
+            waited = 0
+            while self.queued() >= self.max_queued:
+                if waited % 20 == 0 and self.learner_done():  # about once a second
+                    raise LearnerDone(self.keys.done)
                 time.sleep(0.05)
+                waited += 1
         self.conn.call(lambda c: c.xadd(self.keys.stream, {_FIELD: payload}), "XADD")
         self.pushed += 1
         return item_id
+
+    def queued(self) -> int:
+        """Entries in the stream (pushed, not yet trained on by the learner)."""
+        return int(self.conn.call(lambda c: c.xlen(self.keys.stream), "XLEN"))
+
+    def learner_done(self) -> bool:
+        """True once the learner has marked the pipeline done."""
+        return bool(self.conn.call(lambda c: c.exists(self.keys.done), "EXISTS"))
 
     def close(self) -> None:
         self.conn.close()
@@ -160,18 +185,29 @@ def run_pipeline_actor(
     rollouts + credit assignment and its SAWItems are pushed, each tagged with that version. With
     `poll_weights`, the first round waits until some weights have been published (items must carry the
     version of the weights that generated them); without it every item has version 0. Runs `num_rounds`
-    rounds (forever when None); returns the number of items pushed."""
+    rounds (None: until the learner marks the pipeline done), logging each round; returns the number of
+    items pushed."""
     version = None if poll_weights is not None else 0
     rounds = itertools.count() if num_rounds is None else range(num_rounds)
-    for _ in rounds:
-        if poll_weights is not None:
-            new = poll_weights()
-            while new is None and version is None:
-                time.sleep(wait_interval_s)
+    try:
+        for r in rounds:
+            if producer.learner_done():
+                log.info("actor %s: the learner is done; stopping", producer.actor_id)
+                break
+            if poll_weights is not None:
                 new = poll_weights()
-            version = version if new is None else new
-        for item in make_items(version):
-            producer.push(item, version)
+                while new is None and version is None:
+                    time.sleep(wait_interval_s)
+                    new = poll_weights()
+                version = version if new is None else new
+            n = 0
+            for item in make_items(version):
+                producer.push(item, version)
+                n += 1
+            log.info("actor %s round %d: pushed %d items of policy version %d (%d in total, %d queued)",
+                     producer.actor_id, r + 1, n, version, producer.pushed, producer.queued())
+    except LearnerDone:
+        log.info("actor %s: the learner finished while this actor waited; stopping", producer.actor_id)
     return producer.pushed
 
 
@@ -221,6 +257,11 @@ class PipelineBatchSource:
         self._pending_cursor: bytes | None = b"0"
         self.counters = {"received": 0, "malformed": 0, "duplicates": 0, "stale": 0, "delivered": 0}
         ensure_group(self.conn, keys.stream, keys.group)
+        self.conn.call(lambda c: c.delete(keys.done), "DEL done")  # a learner is running
+
+    def mark_done(self) -> None:
+        """Tell the actors to stop (sets `<prefix>:done`); call after the last `commit`."""
+        self.conn.call(lambda c: c.set(self.keys.done, 1), "SET done")
 
     def _published_version(self) -> int:
         raw = self.conn.call(lambda c: c.hget(self.keys.weights, "version"), "HGET version")
