@@ -1,5 +1,6 @@
 # Two entry points, each building its own virtual environment from nothing:
 #   make demo   runs the main job on the embedded default (CPU, no download)
+#   make docs   regenerates docs/api.md from the docstrings (tests/test_docs.py checks every link in the docs)
 #   make test   runs the whole test suite (unit tests, then Triton-interpreter tests in their own process, then
 #               the verl integration tests in .venv-verl, where verl 0.9.1 is installed with its own pins)
 VENV   ?= .venv
@@ -9,7 +10,7 @@ VERL_VENV  ?= .venv-verl
 VERL_PY    := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +33,9 @@ test: $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q tests --ignore=tests/interpret
 	if [ -d tests/interpret ]; then TRITON_INTERPRET=1 $(PY) -m pytest -q tests/interpret; fi
 	LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q tests/test_integration_verl.py
+
+docs: $(STAMP)
+	$(PY) tools/gen_api.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

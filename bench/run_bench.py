@@ -1,5 +1,5 @@
 """`python bench/run_bench.py [ludic-fast bench options]`: the same as `ludic-fast bench`; with no options it
-writes the key CPU table of issue 9 (N=2048, D=896, V=151936, fp32, 2 threads, head op + CISPO, every
+writes the key CPU table (N=2048, D=896, V=151936, fp32, 2 threads, head op + CISPO, every
 implementation) to bench/results/. See docs/benchmarks.md."""
 
 from __future__ import annotations

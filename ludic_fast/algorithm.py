@@ -23,8 +23,8 @@ V = validate_actor_logps, overlong = drop truncated items; each except V is opti
 the soft overlong punishment, Dr. GRPO's constant and the KL terms. make_scalerl also sets fp32_head.
 
 Difference from Ludic master: its `make_scalerl` uses CISPOLoss(0.20, 0.28) with a per-sequence mean; ours
-follows the ScaleRL paper (DESIGN §5): ScaleRLLoss (absolute cap min(r, eps_max), prompt-level
-aggregation), No-Positive-Resampling and an fp32 head.
+follows the ScaleRL paper (Khatri et al. 2025, arXiv:2510.13786): ScaleRLLoss (absolute cap min(r, eps_max),
+prompt-level aggregation), No-Positive-Resampling and an fp32 head.
 """
 
 from __future__ import annotations

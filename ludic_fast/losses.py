@@ -1,4 +1,4 @@
-"""RL losses on the fused LM head (DESIGN §4): Ludic's classes and numbers, plus RL-ZVP, ScaleRL and options.
+"""RL losses on the fused LM head: Ludic's classes and numbers, plus RL-ZVP, ScaleRL and options.
 
 Every loss is written once, as a differentiable function of the per-token log-probs lp [n] and entropies
 H [n] of the batch's n action tokens (`ludic_fast.token_batch.TokenBatch`, flat, padded or packed layout).
@@ -10,7 +10,7 @@ Calling conventions, all returning `(loss, stats)` with detached 0-d stats and n
     loss_fn.compute(logits, batch)                  # Ludic's signature
 
 Position t of hidden/logits scores token t+1; only action positions (action_mask[t+1] > 0, same sequence)
-enter the head. Notation as Ludic (ref/ludic-semantics.md §1.3): M_t the action-mask value, n_b =
+enter the head. Notation as Ludic's losses (github.com/joanvelja/ludic): M_t the action-mask value, n_b =
 max(1, sum_t M_t) per sequence, S the number of sequences, L_b = sum_t M_t lp_t (/ n_b when
 length_normalize), O_b = batch[old_logp_key] (/ n_b), r_t = exp(lp_t - actor_logp_t), A from
 batch['weight'] [S] (or per token from batch['advantages']). `mean_b` averages over all S sequences.

@@ -1,4 +1,4 @@
-"""The bundled trainer: Ludic's `Trainer` shape on the fused head (ref/ludic-semantics.md §8).
+"""The bundled trainer: Ludic's `Trainer` shape (https://github.com/joanvelja/ludic) on the fused head.
 
 One `train_step()`:
 1. fetch a SAWBatch from the batch source (async), drop items older than `max_lag` policy versions,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ludic_fast.ops.torch_head import DEFAULT_CHUNK_ELEMENTS, addmm_acc_, gemm_f32
+from ludic_fast.ops.torch_head import addmm_acc_, default_chunk_elements, gemm_f32
 
 KINDS = ("forward_kl", "reverse_kl", "jsd")
 REDUCTIONS = ("mean", "sum", "none")
@@ -263,7 +263,7 @@ def linear_divergence(
         tgt, valid = None, torch.ones(hs.shape[0], dtype=acc, device=hs.device)
     if memory_budget is not None and memory_budget <= 0:
         raise ValueError(f"memory_budget must be > 0 bytes, got {memory_budget}")
-    budget = 16 * DEFAULT_CHUNK_ELEMENTS if memory_budget is None else int(memory_budget)
+    budget = 16 * default_chunk_elements() if memory_budget is None else int(memory_budget)
     spec = _Spec(kind, float(beta), 1.0 / float(temperature), float(hard_weight), max(1, budget // (16 * V)))
     bt = None if b_teacher is None else b_teacher.detach()
     out = LinearDivergenceFunction.apply(hs, W_student, b_student, ht, W_teacher.detach(), bt, tgt, valid, spec,

@@ -1,4 +1,4 @@
-"""Fused-loss mode of the head: the loss gradient is formed in the forward pass (DESIGN §3, cost model).
+"""Fused-loss mode of the head: the loss gradient is formed in the forward pass (cost model in docs/kernels.md).
 
 A loss is a differentiable scalar function `objective(lp, H, sel)` of the per-token log-probs lp [n] and
 entropies H [n] of the head rows (`sel`: a slice of the rows, or None for all of them). For upstream

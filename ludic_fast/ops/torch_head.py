@@ -26,8 +26,25 @@ from torch import Tensor
 
 from ludic_fast._common import per_token_temperature
 
-#: Default bound on the elements of one float32 logits chunk (tokens x vocab columns): 64 Mi (256 MiB).
-DEFAULT_CHUNK_ELEMENTS = int(os.environ.get("LUDIC_FAST_CHUNK_ELEMENTS", 64 * 2**20))
+#: Built-in bound on the elements of one float32 logits chunk (tokens x vocab columns): 64 Mi (256 MiB).
+DEFAULT_CHUNK_ELEMENTS = 64 * 2**20
+#: Environment override of that bound, read at each call (`default_chunk_elements`).
+CHUNK_ELEMENTS_ENV = "LUDIC_FAST_CHUNK_ELEMENTS"
+
+
+def default_chunk_elements() -> int:
+    """The chunk bound used when a call passes none: $LUDIC_FAST_CHUNK_ELEMENTS (read now, so it can be
+    changed between calls) or DEFAULT_CHUNK_ELEMENTS; a value that is not a positive integer raises."""
+    raw = os.environ.get(CHUNK_ELEMENTS_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_CHUNK_ELEMENTS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{CHUNK_ELEMENTS_ENV} must be a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"{CHUNK_ELEMENTS_ENV} must be a positive integer, got {raw!r}")
+    return value
 _MIN_CHUNK_TOKENS = 16
 
 
@@ -80,7 +97,7 @@ def chunk_plan(n_tokens: int, vocab: int, max_elements: int | None) -> tuple[int
 
     Whole vocabulary rows are preferred (one GEMM per chunk, no online merge); the vocabulary is sliced
     only when fewer than 16 whole rows fit in the budget."""
-    budget = DEFAULT_CHUNK_ELEMENTS if max_elements is None else int(max_elements)
+    budget = default_chunk_elements() if max_elements is None else int(max_elements)
     if budget < 1:
         raise ValueError(f"chunk budget must be >= 1 element, got {budget}")
     if budget >= _MIN_CHUNK_TOKENS * vocab or budget // vocab >= max(n_tokens, 1):

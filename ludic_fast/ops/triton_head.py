@@ -32,7 +32,7 @@ from ludic_fast.kernels.head_fwd import CONFIGS as FWD_CONFIGS
 from ludic_fast.kernels.head_fwd import launch_head_fwd
 from ludic_fast.kernels.head_merge import launch_head_merge
 from ludic_fast.kernels.head_rows import launch_head_rows
-from ludic_fast.ops.torch_head import DEFAULT_CHUNK_ELEMENTS, HeadTransform, addmm_acc_, gemm_f32
+from ludic_fast.ops.torch_head import HeadTransform, addmm_acc_, default_chunk_elements, gemm_f32
 
 STRATEGIES = ("auto", "fused", "workspace")
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -54,7 +54,7 @@ def choose_strategy(n_tokens: int, vocab: int, max_elements: int | None, strateg
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {choice!r}")
     if choice != "auto":
         return choice
-    budget = DEFAULT_CHUNK_ELEMENTS if max_elements is None else max_elements
+    budget = default_chunk_elements() if max_elements is None else max_elements
     if n_tokens < _FUSED_MAX_TOKENS or budget < _MIN_WORKSPACE_ROWS * vocab:
         return "fused"
     return "workspace"
@@ -77,7 +77,7 @@ class _KernelConfig:
             softcap=None if transform.softcap is None else float(transform.softcap),
             upcast=_interpreting() and dtype == torch.bfloat16,
             precision="ieee" if dtype == torch.float32 else "tf32",
-            max_elements=DEFAULT_CHUNK_ELEMENTS if max_elements is None else int(max_elements),
+            max_elements=default_chunk_elements() if max_elements is None else int(max_elements),
         )
 
 

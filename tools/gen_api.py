@@ -1,0 +1,133 @@
+"""Write docs/api.md, the API reference, from the public modules' `__all__` (else their public top-level
+functions and classes), signatures and the first paragraph of each docstring.
+
+    python tools/gen_api.py            # rewrite docs/api.md
+    python tools/gen_api.py --check    # exit 1 when docs/api.md differs from what would be written
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import re
+import sys
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+
+#: (module, one-line role), in reading order
+MODULES = [
+    ("ludic_fast", "the head op and its conveniences"),
+    ("ludic_fast.losses", "RL losses from hidden states (Ludic's classes) and loss composition"),
+    ("ludic_fast.preference", "preference losses on the fused head"),
+    ("ludic_fast.ops.divergence", "fused two-head distillation divergences"),
+    ("ludic_fast.credit", "credit assigners: rollouts to per-sample weights"),
+    ("ludic_fast.algorithm", "RLAlgorithm and the presets of `ludic-fast train --preset`"),
+    ("ludic_fast.batching", "token-budget micro-batching and collation"),
+    ("ludic_fast.filters", "sample filters and batch preprocessing"),
+    ("ludic_fast.curriculum", "No-Positive-Resampling"),
+    ("ludic_fast.types", "data contracts: rollouts, steps, SAW items and batches"),
+    ("ludic_fast.trainer", "the bundled trainer"),
+    ("ludic_fast.checkpoint", "atomic safetensors checkpoints"),
+    ("ludic_fast.stats", "training statistics"),
+    ("ludic_fast.loggers", "training loggers and the curve plot"),
+    ("ludic_fast.run_warnings", "warnings for steps that cannot learn"),
+    ("ludic_fast.rollout", "rollout engines, tasks, rewards, batch sources, evaluation"),
+    ("ludic_fast.embedded", "the embedded default: tiny model, character tokenizer, addition task"),
+    ("ludic_fast.integrations.transformers", "hidden states and head of any transformers causal LM"),
+    ("ludic_fast.integrations.trl", "TRL: FastGRPOTrainer"),
+    ("ludic_fast.integrations.verl", "verl: fused forward and policy losses"),
+    ("ludic_fast.integrations.ludic", "Ludic: compute_loss on a Ludic batch"),
+    ("ludic_fast.distributed", "vocab-parallel head, data-parallel helpers"),
+    ("ludic_fast.distributed.pipeline", "pipeline RL over Redis"),
+    ("ludic_fast.distributed.publish", "weight publishing over Redis"),
+    ("ludic_fast.reference", "the executable spec: plain PyTorch on materialised logits"),
+]
+
+
+def _summary(obj: object) -> str:
+    doc = inspect.getdoc(obj) or ""
+    para = doc.split("\n\n")[0].strip()
+    return " ".join(line.strip() for line in para.splitlines())
+
+
+def _signature(obj: object) -> str:
+    """inspect's signature with string annotations unquoted ('Tensor' -> Tensor)."""
+    try:
+        sig = str(inspect.signature(obj))
+    except (TypeError, ValueError):
+        return "(...)"
+    sig = re.sub(r"ForwardRef\('([^']*)'\)", r"\1", sig)
+    return re.sub(r"(: |-> )'([^']*)'", r"\1\2", sig)
+
+
+def _public_names(module: object) -> list[str]:
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_")
+            and (inspect.isfunction(v) or inspect.isclass(v))
+            and getattr(v, "__module__", None) == module.__name__
+        ]
+    return sorted(n for n in names if not n.startswith("__"))
+
+
+def _entry(modname: str, name: str, obj: object) -> list[str]:
+    if inspect.ismodule(obj):
+        return [f"- **`{modname}.{name}`** (module): {_summary(obj)}"]
+    if inspect.isclass(obj):
+        lines = [f"- **class `{name}{_signature(obj)}`**", f"  {_summary(obj)}".rstrip()]
+        for meth, fn in vars(obj).items():
+            if meth.startswith("_") or not (inspect.isfunction(fn) or isinstance(fn, (classmethod, staticmethod))):
+                continue
+            fn = fn.__func__ if isinstance(fn, (classmethod, staticmethod)) else fn
+            summary = _summary(fn)
+            lines.append(f"  - `.{meth}{_signature(fn)}`" + (f": {summary}" if summary else ""))
+        return lines
+    if callable(obj):
+        return [f"- **`{name}{_signature(obj)}`**", f"  {_summary(obj)}".rstrip()]
+    return [f"- `{name}` = `{obj!r}`" if isinstance(obj, (int, float, str)) else f"- `{name}`"]
+
+
+def render() -> str:
+    out = [
+        "# API reference",
+        "",
+        "Generated from the docstrings by `python tools/gen_api.py` (`make docs`); each entry is the signature",
+        "and the first paragraph of its docstring. The module docstrings (`help(module)`) hold the math.",
+        "",
+    ]
+    for modname, role in MODULES:
+        try:
+            module = importlib.import_module(modname)
+        except ImportError as exc:  # an optional dependency is missing in this environment
+            out += [f"## `{modname}`", "", f"{role}. (Not importable here: {exc}.)", ""]
+            continue
+        out += [f"## `{modname}`", "", f"{role}. {_summary(module)}", ""]
+        for name in _public_names(module):
+            out += _entry(modname, name, getattr(module, name))
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 when docs/api.md is not up to date")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = OUT.read_text(encoding="utf-8") if OUT.exists() else ""
+        if current != text:
+            print(f"{OUT} is out of date: run python tools/gen_api.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text, encoding="utf-8")
+    print(f"wrote {OUT} ({len(text.splitlines())} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
