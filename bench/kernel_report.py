@@ -1,6 +1,7 @@
-"""Kernel report: (1) compile every ludic_fast Triton kernel ahead of time for sm_80 and sm_90 (no GPU
-needed) and print one line per kernel x architecture: registers, stack, local memory and spill bytes,
-shared memory, wgmma; (2) the FLOP / byte model of both strategies at one shape, with time floors.
+"""Kernel report: (1) compile every ludic_fast Triton kernel ahead of time for the architectures it is launched
+on (no GPU needed) and print one line per kernel x architecture: registers, stack, local memory and spill bytes,
+shared memory, wgmma; (2) the bytes each path moves per element of the [rows, V] logits, and its traffic
+at one shape.
 
     .venv/bin/python bench/kernel_report.py                     # both parts, N=8192 D=4096 V=151936
     .venv/bin/python bench/kernel_report.py --model-only --shape 4096 2048 32000
@@ -9,85 +10,67 @@ shared memory, wgmma; (2) the FLOP / byte model of both strategies at one shape,
 from __future__ import annotations
 
 import argparse
-import math
 import os
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; 1 = its current default
 
-from ludic_fast.kernels import head_bwd, head_fwd  # noqa: E402
-from ludic_fast.kernels.aot import ARCHS, SPECS, compile_spec, resource_usage  # noqa: E402
-
-from ludic_fast.ops.torch_head import DEFAULT_CHUNK_ELEMENTS  # noqa: E402
-from ludic_fast.ops.triton_head import fused_splits, grad_blocks  # noqa: E402
+from ludic_fast.kernels.aot import SPECS, compile_spec, resource_usage  # noqa: E402
 
 
 def compile_report() -> None:
-    print(f"{'kernel':<16} {'arch':<6} {'regs':>5} {'stack':>6} {'local':>6} {'spill st/ld':>12} "
+    print(f"{'kernel':<30} {'arch':<6} {'regs':>5} {'stack':>6} {'local':>6} {'spill st/ld':>12} "
           f"{'shared':>8} {'wgmma':>6}  config")
     for spec in SPECS:
-        for arch in ARCHS:
+        for arch in spec.archs:
             u = resource_usage(compile_spec(spec, arch), arch)
             blocks = {k: v for k, v in spec.constexprs.items() if k.startswith(("BLOCK", "ROWS"))}
             wgmma = ("yes" if u["wgmma"] else "no") if arch >= 90 else "-"
-            print(f"{spec.name:<16} sm_{arch:<3} {u['regs']:>5} {u['stack']:>6} {u['local']:>6} "
+            print(f"{spec.name:<30} sm_{arch:<3} {u['regs']:>5} {u['stack']:>6} {u['local']:>6} "
                   f"{u['spill_stores']:>5}/{u['spill_loads']:<6} {u['shared']:>8} {wgmma:>6}  {blocks} {spec.options}")
 
 
-def cost_model(n: int, d: int, v: int, elem: int = 2, budget: int = DEFAULT_CHUNK_ELEMENTS) -> list[tuple]:
-    """[(strategy, phase, FLOPs, bytes, note)] for bf16 (elem=2) inputs, fp32 statistics/accumulators.
-
-    Bytes count DRAM/L2 traffic assuming operand re-reads inside one launch hit L2 (a lower bound), plus
-    every fp32 atomic / read-modify-write of dh, dW (which is L2 traffic at best, DRAM at worst)."""
-    ndv = n * d * v
-    hb, wb = n * d * elem, v * d * elem
-    rows = []
-    # fused forward: grid (N/BM token tiles) x (S vocab splits); h re-read per split, W once per split set
-    s, _ = fused_splits(n, v, elem)
-    fwd_cfg, bwd_cfg = head_fwd.CONFIGS[elem], head_bwd.CONFIGS[elem]
-    w_rereads = (math.ceil(n / fwd_cfg["BLOCK_M"]) - 1) * wb
-    rows.append(("fused", "fwd", 2 * ndv, wb + s * hb + 2 * 4 * s * n * 4 + 4 * n * 4,
-                 f"{s} vocab splits; W re-read per token tile if L2 misses: +{w_rereads / 1e9:.0f} GB"))
-    # fused backward: recompute + two gradient products per (BM x BN) tile, fp32 atomics into dh and dW
-    dh_atomic = math.ceil(v / bwd_cfg["BLOCK_N"]) * n * d * 4
-    dw_atomic = math.ceil(n / bwd_cfg["BLOCK_M"]) * v * d * 4
-    rows.append(("fused", "bwd", 6 * ndv, 2 * (hb + wb) + dh_atomic + dw_atomic + (n * d + v * d) * (4 + elem),
-                 f"atomics dh {dh_atomic / 1e9:.0f} GB + dW {dw_atomic / 1e9:.0f} GB"))
-    # workspace forward: chunks of whole vocab rows; cuBLAS streams W once per chunk; fp32 ws written + read
-    chunk_rows = max(1, budget // v)
-    chunks = math.ceil(n / chunk_rows)
-    rows.append(("workspace", "fwd", 2 * ndv, chunks * wb + hb + 2 * n * v * 4,
-                 f"{chunks} chunks x {chunk_rows} rows; fp32 logits written+read {2 * n * v * 4 / 1e9:.1f} GB"))
-    # workspace backward: vocab slices over all tokens (every dW row from one GEMM)
-    r, c = grad_blocks(n, v, budget)
-    slices, row_chunks = math.ceil(v / c), math.ceil(n / r)
-    per_elem = 4 + 2 * 4 + (4 + elem) + 2 * elem + 4  # GEMM write, kernel r+w, cast, 2 GEMM reads, db read
-    dh_bytes = slices * 4 * n * d * 4 + n * d * (4 + elem)  # fp32 GEMM temp + `dh +=` per slice, final cast
-    # one token chunk: each dW slice is one GEMM (fp32 temp, cast into the weight dtype); else fp32 accumulation
-    dw_bytes = v * d * (8 + elem) if row_chunks == 1 else row_chunks * 4 * v * d * 4 + v * d * (4 + elem)
-    bwd_bytes = n * v * per_elem + slices * 3 * hb + row_chunks * 3 * wb + dh_bytes + dw_bytes
-    rows.append(("workspace", "bwd", 6 * ndv, bwd_bytes, f"{slices} vocab slices x {row_chunks} token chunks"))
-    return rows
+def logit_bytes(elem: int) -> dict[str, tuple[dict[str, int], dict[str, int]]]:
+    """{path: (before, after)}: DRAM bytes per element of the [rows, V] logits, by step, for inputs of `elem`
+    bytes (the GEMM operand dtype). 'before' is the schedule of the previous release (fp32 d(raw) written in
+    place, then a separate conversion pass to the operand dtype); 'after' writes d(raw) in the operand dtype."""
+    cast = {} if elem == 4 else {"cast fp32->operand: read + write": 4 + elem}
+    fwd = {"GEMM writes fp32 logits": 4, "row kernel reads (stats)": 4}
+    bwd_before = {"GEMM writes fp32 logits": 4, "row kernel reads + writes fp32 d(raw)": 8, **cast,
+                  "dh GEMM reads d(raw)": elem, "dW GEMM reads d(raw)": elem}
+    bwd_after = {"GEMM writes fp32 logits": 4, "row kernel reads fp32, writes d(raw) in operand dtype": 4 + elem,
+                 "dh GEMM reads d(raw)": elem, "dW GEMM reads d(raw)": elem}
+    loss_before = {**fwd, **{k: v for k, v in bwd_before.items() if k != "GEMM writes fp32 logits"}}
+    loss_after = {**fwd, **{k: v for k, v in bwd_after.items() if k != "GEMM writes fp32 logits"}}
+    return {
+        "generic forward (workspace)": (fwd, fwd),
+        "generic backward": (bwd_before, bwd_after),
+        "fused-loss (token-local, 6NDV)": (loss_before, loss_after),
+    }
 
 
-def model_report(n: int, d: int, v: int, tflops: float = 800.0, tbps: float = 3.35) -> None:
-    print(f"\nFLOP/byte model at N={n} D={d} V={v}, bf16 inputs, fp32 workspace, chunk budget "
-          f"{DEFAULT_CHUNK_ELEMENTS} elements; floors at {tflops:.0f} TFLOP/s and {tbps} TB/s")
-    print(f"{'strategy':<10} {'phase':<6} {'TFLOP':>7} {'GB':>7} {'t_flop ms':>10} {'t_byte ms':>10} "
-          f"{'max ms':>8} {'sum ms':>8}  note")
-    for strategy, phase, flops, nbytes, note in cost_model(n, d, v):
-        tf, tb = flops / tflops / 1e9, nbytes / tbps / 1e9
-        print(f"{strategy:<10} {phase:<6} {flops / 1e12:>7.2f} {nbytes / 1e9:>7.1f} {tf:>10.1f} {tb:>10.1f} "
-              f"{max(tf, tb):>8.1f} {tf + tb:>8.1f}  {note}")
+def model_report(n: int, d: int, v: int, elem: int = 2, chunk_rows: int = 441) -> None:
+    print("\nBytes per element of the [rows, V] logits (bias adds one read of d(raw) for db)")
+    for e in sorted({elem, 4}):
+        for path, (before, after) in logit_bytes(e).items():
+            print(f"  {'bf16/fp16' if e == 2 else 'fp32':<9} {path:<32} before {sum(before.values()):>3}   "
+                  f"after {sum(after.values()):>3}   ({' + '.join(f'{k} {b}' for k, b in after.items())})")
+    per = sum(logit_bytes(elem)["fused-loss (token-local, 6NDV)"][1].values())
+    chunks = -(-n // chunk_rows)
+    dw = (chunks - 1) * 8 * v * d + 4 * v * d + 6 * v * d if chunks > 1 else elem * v * d
+    print(f"\nfused-loss at N={n} D={d} V={v}, {chunk_rows}-row chunks ({chunks}): logits {per * n * v / 1e9:.1f} GB, "
+          f"dW {dw / 1e9:.1f} GB (first chunk beta=0 write, later read+write fp32, final cast; one chunk: "
+          f"written once in the input dtype), dh {elem * n * d / 1e9:.2f} GB (written once in the input dtype)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", nargs=3, type=int, default=(8192, 4096, 151936), metavar=("N", "D", "V"))
+    parser.add_argument("--chunk-rows", type=int, default=441, help="token rows per fused-loss chunk")
     parser.add_argument("--model-only", action="store_true", help="skip the AOT compile part")
     args = parser.parse_args()
     if not args.model_only:
         compile_report()
-    model_report(*args.shape)
+    model_report(*args.shape, chunk_rows=args.chunk_rows)
 
 
 if __name__ == "__main__":

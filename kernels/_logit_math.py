@@ -53,13 +53,13 @@ def logit_grad(z, p, is_target, g_lp, g_h, ez, HAS_GH: tl.constexpr):
 def online_stats_update(z, cols, col_ok, tgt, m, s, t, zy, ENTROPY: tl.constexpr):
     """Fold a [BM, BN] tile of final logits into the per-row online statistics and return them:
     m = max z, s = sum e^{z-m}, t = sum e^{z-m} z (ENTROPY only), zy += z at the target column.
-    Columns with col_ok False are -inf for m and s and 0 for t (padded vocabulary)."""
-    z = tl.where(col_ok[None, :], z, float("-inf"))
+    Columns with col_ok False are -inf for m and s and 0 for t (padded vocabulary); z must be finite there."""
+    pad = tl.where(col_ok, 0.0, float("-inf"))[None, :]
     zy += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
-    m_new = tl.maximum(m, tl.max(z, axis=1))
+    m_new = tl.maximum(m, tl.max(z + pad, axis=1))
     keep = tl.exp(m - m_new)
-    e = tl.exp(z - m_new[:, None])
+    e = tl.exp(z + pad - m_new[:, None])
     s = s * keep + tl.sum(e, axis=1)
     if ENTROPY:
-        t = t * keep + tl.sum(e * tl.where(col_ok[None, :], z, 0.0), axis=1)
+        t = t * keep + tl.sum(e * z, axis=1)
     return m_new, s, t, zy

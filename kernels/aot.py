@@ -1,8 +1,9 @@
 """Ahead-of-time compilation of every kernel at its default launch configuration, without a GPU.
 
 `SPECS` names each kernel with representative constexprs (every optional feature on, so the largest
-variant is checked; the tl.dot kernels once per default config: bf16 and fp32 inputs).
-`compile_spec(spec, arch)` runs `triton.compile` for a CUDA `GPUTarget` (80 -> sm_80, 90 -> sm_90a).
+variant is checked; the fused forward once per launch configuration of `head_fwd.CONFIGS` /
+`SMALL_CONFIGS`, compiled for the architecture it is chosen on, plus the plain variant: no bias, no
+softcap). `compile_spec(spec, arch)` runs `triton.compile` for a CUDA `GPUTarget` (80 -> sm_80, 90 -> sm_90a).
 `resource_usage` reads registers / stack / local memory from `cuobjdump --dump-resource-usage` and spill
 bytes from `ptxas -v` (the ptxas triton itself uses for that arch), both shipped in triton's
 backends/nvidia/bin.
@@ -21,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
-from . import head_bwd, head_fwd, head_merge, head_rows
+from . import head_fwd, head_merge, head_rows
 
 ARCHS = (80, 90)
 NVIDIA_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -34,9 +35,11 @@ class KernelSpec(NamedTuple):
     constexprs: dict[str, Any]
     options: dict[str, int]
     tensor_cores: bool  # tl.dot on bf16/fp16 operands: mma.sync on sm_80, wgmma on sm_90
+    archs: tuple[int, ...] = ARCHS  # architectures this variant is launched on
 
 
 _TRANSFORM = {"SCALE": 1.0, "HAS_SOFTCAP": True, "SOFTCAP": 30.0}
+_PLAIN = {"HAS_BIAS": False, "SCALE": 1.0, "HAS_SOFTCAP": False, "SOFTCAP": 1.0}
 _DOT_DTYPES = {2: ("bf16", "tf32"), 4: ("fp32", "ieee")}  # element size -> (pointer dtype, tl.dot precision)
 
 
@@ -46,29 +49,34 @@ def _split(config: dict) -> tuple[dict, dict]:
     return {k: v for k, v in config.items() if k not in opts}, {k: v for k, v in config.items() if k in opts}
 
 
-def _dot_specs(name, fn, features, configs) -> list[KernelSpec]:
+def _fwd_specs() -> list[KernelSpec]:
+    """head_fwd per launch configuration, compiled for the architecture it is chosen on; all features on
+    (bias, softcap, entropy) and the plain variant (entropy only)."""
     specs = []
-    for elem, config in configs.items():
-        dtype, precision = _DOT_DTYPES[elem]
-        blocks, options = _split(config)
-        io = {"h_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "tgt_ptr": "*i32"}
-        constexprs = {"HAS_BIAS": True, **_TRANSFORM, **features, "UPCAST": False, "PRECISION": precision, **blocks}
-        specs.append(KernelSpec(f"{name}[{dtype}]", fn, io, constexprs, options, precision != "ieee"))
+    tables = (("", head_fwd.CONFIGS), ("small-N ", head_fwd.SMALL_CONFIGS))
+    for label, table in tables:
+        for (elem, arch), config in table.items():
+            dtype, precision = _DOT_DTYPES[elem]
+            blocks, options = _split(config)
+            io = {"h_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "tgt_ptr": "*i32"}
+            base = {"ENTROPY": True, "UPCAST": False, "PRECISION": precision, **blocks}
+            for variant, feats in (("all", {"HAS_BIAS": True, **_TRANSFORM}), ("plain", _PLAIN)):
+                specs.append(KernelSpec(f"head_fwd[{dtype},{label}{variant}]", head_fwd.head_fwd_kernel, io,
+                                        {**feats, **base}, options, precision != "ieee", (arch,)))
     return specs
 
 
 SPECS = (
-    *_dot_specs("head_fwd", head_fwd.head_fwd_kernel, {"ENTROPY": True}, head_fwd.CONFIGS),
+    *_fwd_specs(),
     KernelSpec(
         "head_merge", head_merge.head_merge_kernel, {"tgt_ptr": "*i32"},
         {"ENTROPY": True, "BLOCK": head_merge.BLOCK}, {"num_warps": head_merge.NUM_WARPS}, False,
     ),
-    *_dot_specs("head_bwd", head_bwd.head_bwd_kernel,
-                {"HAS_GH": True, "NEED_DH": True, "NEED_DW": True, "NEED_DB": True}, head_bwd.CONFIGS),
-    KernelSpec(
-        "head_rows", head_rows.head_rows_kernel, {"ws_ptr": "*fp32", "b_ptr": "*bf16", "tgt_ptr": "*i32"},
+    KernelSpec(  # fp32 raw logits in, bf16 d(raw) out over the same memory (NARROW)
+        "head_rows", head_rows.head_rows_kernel,
+        {"ws_ptr": "*fp32", "d_ptr": "*bf16", "b_ptr": "*bf16", "tgt_ptr": "*i32"},
         {"HAS_BIAS": True, **_TRANSFORM, "ENTROPY": True, "STATS": True, "GRAD": True, "HAS_GH": True,
-         "ROWS": head_rows.ROWS, "BLOCK_V": head_rows.BLOCK_V},
+         "NARROW": True, "ROWS": head_rows.ROWS, "BLOCK_V": head_rows.BLOCK_V},
         {"num_warps": head_rows.NUM_WARPS}, False,
     ),
 )
@@ -77,7 +85,7 @@ SPECS = (
 #: How the JIT specializes the common case (contiguous inputs, D and V multiples of 16, e.g. 4096 x 151936):
 #: unit strides become constexpr 1, pointers and these integers get 16-divisibility hints.
 UNIT_STRIDES = ("stride_hk", "stride_wk")
-DIVISIBLE_BY_16 = ("D", "V", "stride_hn", "stride_wv", "stride_ws")
+DIVISIBLE_BY_16 = ("D", "V", "stride_hn", "stride_wv", "stride_ws", "stride_d")
 
 
 def signature(spec: KernelSpec) -> tuple[dict[str, str], dict[str, object], dict[tuple[int], list]]:

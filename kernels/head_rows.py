@@ -4,8 +4,14 @@ Input `ws [n, c]` (bf16/fp16/fp32, any row stride) holds raw logits h W[col_star
 n tokens. With z = final(ws + b) (fp32; see `_logit_math`):
 
   STATS (needs whole vocabulary rows, c = V):  lse = log sum_j e^{z_j},  E_p z = sum_j p_j z_j,  z_y
-  GRAD  (any column slice; lse and E_p z given or from STATS):  ws <- d(raw) in place, where
+  GRAD  (any column slice; lse and E_p z given or from STATS):  d <- d(raw), where
         dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z),  d(raw)_j = dz_j / T * SCALE * (1 - tanh^2)
+
+`d [n, c]` is written in its own dtype (the gradient GEMMs' operand dtype: bf16/fp16, or fp32), so no
+conversion pass follows. It may be `ws` itself, or a narrower view of ws's memory whose row i starts at the
+first byte of ws's row i (a bf16 view of an fp32 workspace: no second buffer). In that case a block's store
+can overlap bytes of the same block that other threads load, so the loop puts a barrier between a block's
+loads and its stores (NARROW); later blocks only store below bytes already read.
 
 Vocab columns past c are -inf for the statistics and 0 for the entropy sum. Targets are global vocab ids
 (-1 = ignored row: no gradient, z_y = 0). Row offsets are int64.
@@ -32,15 +38,16 @@ def _final_tile(ws_row, b_ptr, cols, col_start, col_ok, row_ok, inv_t,
 
 @triton.jit
 def head_rows_kernel(
-    ws_ptr, b_ptr, tgt_ptr, inv_t_ptr, lse_ptr, ez_ptr, zy_ptr, glp_ptr, gh_ptr,
-    n_rows, n_cols, col_start, stride_ws,
+    ws_ptr, d_ptr, b_ptr, tgt_ptr, inv_t_ptr, lse_ptr, ez_ptr, zy_ptr, glp_ptr, gh_ptr,
+    n_rows, n_cols, col_start, stride_ws, stride_d,
     HAS_BIAS: tl.constexpr, SCALE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SOFTCAP: tl.constexpr,
-    ENTROPY: tl.constexpr, STATS: tl.constexpr, GRAD: tl.constexpr, HAS_GH: tl.constexpr,
+    ENTROPY: tl.constexpr, STATS: tl.constexpr, GRAD: tl.constexpr, HAS_GH: tl.constexpr, NARROW: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
     ws_row = ws_ptr + rows.to(tl.int64)[:, None] * stride_ws
+    d_row = d_ptr + rows.to(tl.int64)[:, None] * stride_d
     tgt = tl.load(tgt_ptr + rows, mask=row_ok, other=-1) - col_start
     inv_t = tl.load(inv_t_ptr + rows, mask=row_ok, other=1.0)
     if STATS:
@@ -77,21 +84,26 @@ def head_rows_kernel(
             p = tl.where(ok, tl.exp(z - lse[:, None]), 0.0)
             dz = logit_grad(tl.where(ok, z, 0.0), p, cols[None, :] == tgt[:, None], g_lp, g_h, ez, HAS_GH)
             draw = raw_grad(dz, th, inv_t, SCALE, HAS_SOFTCAP)
-            tl.store(ws_row + cols[None, :], draw.to(ws_ptr.dtype.element_ty), mask=ok)
+            if NARROW:
+                tl.debug_barrier()
+            tl.store(d_row + cols[None, :], draw.to(d_ptr.dtype.element_ty), mask=ok)
 
 
 def launch_head_rows(ws, b, tgt, inv_t, lse, ez, zy, g_lp, g_h, *, col_start, scale, softcap, entropy, stats,
-                     rows=ROWS, block_v=BLOCK_V, num_warps=NUM_WARPS):
-    """See the module docstring. ws [n, c] with unit column stride; tgt int32 [n] (-1 ignored); inv_t,
-    lse, ez, zy, g_lp, g_h fp32 [n] (g_lp None: statistics only; g_h None: no entropy gradient)."""
+                     d=None, rows=ROWS, block_v=BLOCK_V, num_warps=NUM_WARPS):
+    """See the module docstring. ws [n, c] with unit column stride; d (default ws) [n, c] with unit column
+    stride; tgt int32 [n] (-1 ignored); inv_t, lse, ez, zy, g_lp, g_h fp32 [n] (g_lp None: statistics only;
+    g_h None: no entropy gradient)."""
     n, c = ws.shape
     grad = g_lp is not None
+    d = ws if d is None else d
     dummy = inv_t
     head_rows_kernel[(triton.cdiv(n, rows),)](
-        ws, b if b is not None else dummy, tgt, inv_t, lse, ez, zy if zy is not None else dummy,
+        ws, d, b if b is not None else dummy, tgt, inv_t, lse, ez, zy if zy is not None else dummy,
         g_lp if grad else dummy, g_h if g_h is not None else dummy,
-        n, c, col_start, ws.stride(0),
+        n, c, col_start, ws.stride(0), d.stride(0),
         HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
         SOFTCAP=1.0 if softcap is None else softcap, ENTROPY=entropy, STATS=stats, GRAD=grad,
-        HAS_GH=g_h is not None, ROWS=rows, BLOCK_V=block_v, num_warps=num_warps,
+        HAS_GH=g_h is not None, NARROW=grad and d is not ws and d.element_size() < ws.element_size(),
+        ROWS=rows, BLOCK_V=block_v, num_warps=num_warps,
     )

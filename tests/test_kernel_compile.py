@@ -1,6 +1,7 @@
-"""Every Triton kernel compiles ahead of time for sm_80 and sm_90 at its default launch configuration
-(`ludic_fast.kernels.aot.SPECS`; no GPU needed), and the bf16 tl.dot kernels use mma.sync on sm_80 and
-wgmma on sm_90 (the fp32 variants use exact "ieee" FMA dots)."""
+"""Every Triton kernel compiles ahead of time, without a GPU, for each architecture it is launched on at its
+launch configuration (`ludic_fast.kernels.aot.SPECS`): no register spills, shared memory within the
+architecture's limit, and the bf16 tl.dot kernels use mma.sync on sm_80 and wgmma on sm_90 (the fp32
+variants use exact "ieee" FMA dots)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,19 @@ import pytest
 pytest.importorskip("triton", reason="triton is not installed")
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silence triton 3.9's warning; 1 is its current default
 
-from ludic_fast.kernels.aot import ARCHS, SPECS, compile_spec  # noqa: E402
+from ludic_fast.kernels.aot import SPECS, compile_spec, resource_usage  # noqa: E402
+
+#: opt-in shared memory per block (bytes): A100 (sm_80) 163 KiB, H100 (sm_90) 227 KiB
+SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+CASES = [(spec, arch) for spec in SPECS for arch in spec.archs]
 
 
-@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm_{a}")
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec,arch", CASES, ids=[f"{s.name}-sm_{a}" for s, a in CASES])
 def test_kernel_compiles(spec, arch):
     compiled = compile_spec(spec, arch)
+    usage = resource_usage(compiled, arch)
+    assert usage["spill_stores"] == 0 and usage["spill_loads"] == 0 and usage["local"] == 0, usage
+    assert usage["shared"] <= SHARED_LIMIT[arch], usage
     assert compiled.asm["cubin"], "no cubin"
     assert f".target sm_{arch}" in compiled.asm["ptx"]
     if spec.tensor_cores:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform, addmm_acc_, gemm_f32
+from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform
 
 #: objective(lp, H or None, rows or None) -> scalar loss; `rows` selects the chunk (None: all tokens).
 Objective = Callable[[Tensor, Tensor | None, slice | None], Tensor]
@@ -137,14 +137,20 @@ class _TorchSlices:
 
 
 class _TritonRows:
-    """One token chunk on the triton backend: a cuBLAS GEMM writes raw logits into a workspace, the Triton
-    row kernel (`triton_head.workspace_head_rows_`) forms statistics, then d(raw) in place."""
+    """One token chunk on the triton backend: a cuBLAS GEMM writes fp32 raw logits into the call's workspace
+    `ws_buf` (beta = 0), the Triton row kernel (`triton_head.workspace_head_rows_`) forms statistics, then
+    writes d(raw) in the GEMM operand dtype over the same memory, and cuBLAS reads it for
+    dh[rows] = d(raw) W (one contribution per row: written in the input dtype) and dW (+)= d(raw)^T h
+    (the first chunk overwrites dW, later ones accumulate)."""
 
-    def __init__(self, head: ChunkedHead, plan: FusedPlan, rows: slice):
-        self.head, self.plan, self.rows = head, plan, rows
+    def __init__(self, head: ChunkedHead, plan: FusedPlan, rows: slice, ws_buf: Tensor, first_dw: bool):
+        from ludic_fast.ops.triton_head import gemm_into
+
+        self.head, self.plan, self.rows, self.first_dw = head, plan, rows, first_dw
         self.h_c = head.h_rows(rows)
         self.w = head.weight.to(head.compute_dtype)
-        self.ws = gemm_f32(self.h_c, self.w.T)
+        self.ws = ws_buf[: rows.stop - rows.start]
+        gemm_into(self.ws, self.h_c, self.w.T, accumulate=False)
         t = plan.transform
         self.kw = {"bias": head.bias, "logit_scale": t.logit_scale, "softcap": t.softcap, "ignore_index": -100}
         self.tgt, self.inv_t = head.targets[rows], t.inv_temperature[rows]
@@ -155,16 +161,17 @@ class _TritonRows:
         return workspace_head_rows_(self.ws, self.tgt, self.inv_t, entropy=self.plan.with_entropy, **self.kw)
 
     def backward_(self, lse, ez, g_lp, g_H, dh, dW, db) -> None:
-        from ludic_fast.ops.triton_head import workspace_head_rows_
+        from ludic_fast.ops.triton_head import gemm_into, operand_view, workspace_head_rows_
 
+        d = operand_view(self.ws, self.h_c.dtype)
         workspace_head_rows_(self.ws, self.tgt, self.inv_t, entropy=g_H is not None, lse=lse, ez=ez, g_lp=g_lp,
-                             g_H=g_H, **self.kw)
+                             g_H=g_H, out=d, **self.kw)
         if db is not None:
-            db += self.ws.sum(0)
-        d_lo = self.ws.to(self.h_c.dtype)
-        addmm_acc_(dh[self.rows], d_lo, self.w)
+            db += d.sum(0, dtype=torch.float32)
+        if dh is not None:
+            gemm_into(dh[self.rows], d, self.w, accumulate=False)
         if dW is not None:
-            addmm_acc_(dW, d_lo.T, self.h_c)
+            gemm_into(dW, d.T, self.h_c, accumulate=not self.first_dw)
 
 
 def _token_grads(objective: Objective, lp: Tensor, H: Tensor | None, rows: slice | None):
@@ -193,13 +200,33 @@ class FusedLossFunction(torch.autograd.Function):
         n, V = head.N, head.V
         lp, lse, ez = (torch.zeros(n, **acc) for _ in range(3))
         H = torch.zeros(n, **acc) if plan.with_entropy else None
-        dh = torch.zeros(n, hidden.shape[1], **acc)
-        dW = torch.zeros(weight.shape, **acc) if need_w else None
-        db = torch.zeros(V, **acc) if (need_b and bias is not None) else None
         if head.v_chunk < V:
             chunk_cls = _TorchSlices
         else:
             chunk_cls = _TritonRows if plan.backend == "triton" else _TorchRows
+        group_chunks = _group_chunks(plan.groups, head.n_chunk, n) if plan.coupled else None
+        chunks = list(head.row_chunks()) if group_chunks is None else group_chunks
+        db = torch.zeros(V, **acc) if (need_b and bias is not None) else None
+        if chunk_cls is _TritonRows:  # lean buffers: see _TritonRows
+            from ludic_fast.ops.triton_head import new_workspace
+
+            ws_buf = new_workspace(max((c.stop - c.start for c in chunks), default=0), V, hidden.device)
+
+            def make(rows: slice):
+                return _TritonRows(head, plan, rows, ws_buf, first_dw=rows.start == chunks[0].start)
+
+            lowp = {"device": hidden.device, "dtype": head.compute_dtype}
+            dh = torch.empty(n, hidden.shape[1], **lowp) if need_h else None
+            # one token chunk: each dW row gets one contribution, written in the input dtype; else fp32
+            dw_kind = lowp if len(chunks) == 1 else acc
+            dW = (torch.empty if chunks else torch.zeros)(weight.shape, **dw_kind) if need_w else None
+        else:
+
+            def make(rows: slice):
+                return chunk_cls(head, plan, rows)
+
+            dh = torch.zeros(n, hidden.shape[1], **acc)
+            dW = torch.zeros(weight.shape, **acc) if need_w else None
 
         valid = head.valid.to(head.acc)  # rows whose target is ignore_index (-100): lp = H = 0, no gradient
 
@@ -209,14 +236,13 @@ class FusedLossFunction(torch.autograd.Function):
             if H is not None:
                 H[rows] = (stats[0] - stats[1]) * valid[rows]
 
-        group_chunks = _group_chunks(plan.groups, head.n_chunk, n) if plan.coupled else None
         two_pass = plan.coupled and group_chunks is None
         if two_pass:  # pass 1: statistics of every token, then all per-token gradients at once
-            for rows in head.row_chunks():
-                set_stats(rows, chunk_cls(head, plan, rows).stats())
+            for rows in chunks:
+                set_stats(rows, make(rows).stats())
             g_lp, g_H = _token_grads(plan.objective, lp, H, None)
-        for rows in head.row_chunks() if group_chunks is None else group_chunks:
-            chunk = chunk_cls(head, plan, rows)
+        for rows in chunks:
+            chunk = make(rows)
             if two_pass:
                 g_lp_c, g_H_c = g_lp[rows], None if g_H is None else g_H[rows]
             else:
@@ -240,7 +266,9 @@ class FusedLossFunction(torch.autograd.Function):
         ctx.used = True
         dh, dW, db = ctx.saved_tensors
         h_dt, w_dt, b_dt = ctx.dtypes
-        g = g_loss.to(dW.dtype if dW is not None else torch.float32)
+        # the triton path holds dh (and dW with one token chunk) in the input dtype: scaling rounds once more
+        # (exact when g is a power of two, e.g. 1)
+        g = g_loss.to(dW.dtype if dW is not None and dW.dtype == torch.float64 else torch.float32)
         return (
             None if dh is None else dh.mul_(g).to(h_dt),
             None if dW is None else dW.mul_(g).to(w_dt),

@@ -227,13 +227,14 @@ def gemm_f32(a: Tensor, b: Tensor) -> Tensor:
     return a.float() @ b.float()
 
 
-def addmm_acc_(acc: Tensor, a: Tensor, b: Tensor) -> None:
-    """acc += a @ b in place (acc fp32 or fp64), without an [acc]-sized temporary. Goes through the out= form
-    of addmm, which FLOP counters see (they miss `addmm_`); bf16/fp16 CUDA operands stay low precision."""
+def addmm_acc_(acc: Tensor, a: Tensor, b: Tensor, beta: float = 1.0) -> None:
+    """acc = beta acc + a @ b in place (acc fp32 or fp64), without an [acc]-sized temporary; beta = 0 ignores
+    acc's contents (an uninitialised buffer needs no zero-fill). Goes through the out= form of addmm, which
+    FLOP counters see (they miss `addmm_`); bf16/fp16 CUDA operands stay low precision."""
     if _lowp_cuda(a) and acc.dtype == torch.float32:
-        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        torch.addmm(acc, a, b, beta=beta, out_dtype=torch.float32, out=acc)
     else:
-        torch.addmm(acc, a.to(acc.dtype), b.to(acc.dtype), out=acc)
+        torch.addmm(acc, a.to(acc.dtype), b.to(acc.dtype), beta=beta, out=acc)
 
 
 class LinearLogprobsFunction(torch.autograd.Function):

@@ -3,20 +3,20 @@
 Math (see `ludic_fast.ops`): z = softcap(logit_scale (h W^T + b)) / T; per token lse, E_p z, logprob
 z_y - lse and entropy lse - E_p z (fp32); backward for any per-token (g_lp, g_H):
 dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z), chain rule to raw logits, then dh = draw W,
-dW = draw^T h, db = sum_rows draw, all accumulated in fp32.
+dW = draw^T h, db = sum_rows draw, accumulated in fp32.
 
-Two strategies, same numbers:
-  fused      Triton tl.dot tiles with online statistics (kernels.head_fwd + head_merge), backward
-             recomputes tiles and accumulates dh/dW with fp32 atomics (kernels.head_bwd). No workspace.
-  workspace  torch.matmul (cuBLAS) writes a bounded fp32 chunk of raw logits; the Triton row kernel
-             (kernels.head_rows) turns it into statistics, or into d(raw) in place; torch.matmul forms dh, dW.
-             Forward chunks whole vocab rows; backward slices the vocabulary over all tokens so every dW row
-             is produced by one GEMM (no cross-chunk dW read-modify-write) whenever the budget allows.
+Two strategies, same numbers; they differ in the forward only:
+  workspace  a cuBLAS GEMM writes a bounded fp32 chunk of raw logits (whole vocabulary rows); the Triton row
+             kernel (kernels.head_rows) turns it into statistics.
+  fused      Triton tl.dot tiles with online statistics (kernels.head_fwd + head_merge): no logits workspace.
+Backward (both): vocabulary slices over all tokens (token chunks too when the budget needs them); per block a
+GEMM writes fp32 raw logits, the row kernel writes d(raw) straight in the GEMM operand dtype over the same
+memory (`operand_view`), cuBLAS forms dh and dW from it. A gradient that gets one contribution per element
+(dh when one slice spans the vocabulary, dW when one token chunk spans all tokens) is written by one GEMM in
+the input dtype; otherwise it accumulates in fp32, the first GEMM with beta = 0 (no zero-fill).
 Rule (`choose_strategy`): `strategy=` argument, else env LUDIC_FAST_TRITON_STRATEGY (auto|fused|workspace),
-else auto: fused when N < 128 (a single token tile: the GEMM is bound by reading W and the workspace round
-trip is pure overhead) or when the chunk budget cannot hold 16 whole vocabulary rows; workspace otherwise
-(cuBLAS GEMMs reach GEMM-class throughput, which a plain tl.dot kernel without TMA/persistence may not).
-GPU speed of either strategy is unmeasured so far; revisit the rule with measurements.
+else auto: fused only when the chunk budget cannot hold 16 whole vocabulary rows (it needs no forward
+workspace), workspace otherwise (its cuBLAS forward measured faster on an H100 than the fused tl.dot forward).
 """
 
 from __future__ import annotations
@@ -27,20 +27,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ludic_fast.kernels.head_bwd import launch_head_bwd
-from ludic_fast.kernels.head_fwd import CONFIGS as FWD_CONFIGS
-from ludic_fast.kernels.head_fwd import launch_head_fwd
+from ludic_fast.kernels.head_fwd import launch_config, launch_head_fwd
 from ludic_fast.kernels.head_merge import launch_head_merge
 from ludic_fast.kernels.head_rows import launch_head_rows
-from ludic_fast.ops.torch_head import HeadTransform, addmm_acc_, default_chunk_elements, gemm_f32
+from ludic_fast.ops.torch_head import HeadTransform, addmm_acc_, default_chunk_elements
 
 STRATEGIES = ("auto", "fused", "workspace")
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_FUSED_MAX_TOKENS = 128
 _MIN_WORKSPACE_ROWS = 16
 _MIN_GRAD_COLS = 1024
-#: programs the fused forward aims to launch (vocab splits fill the GPU when there are few token tiles)
-_TARGET_PROGRAMS = 1024
+#: workspace columns and backward vocabulary slices are multiples of this (16-byte aligned GEMM operands)
+_ALIGN = 128
+#: programs the fused forward aims to launch off CUDA (the interpreter); on CUDA: one per SM (the default
+#: configs hold one CTA per SM), so vocab splits fill the GPU when there are few token tiles
+_TARGET_PROGRAMS = 132
 
 
 def _interpreting() -> bool:
@@ -55,9 +55,7 @@ def choose_strategy(n_tokens: int, vocab: int, max_elements: int | None, strateg
     if choice != "auto":
         return choice
     budget = default_chunk_elements() if max_elements is None else max_elements
-    if n_tokens < _FUSED_MAX_TOKENS or budget < _MIN_WORKSPACE_ROWS * vocab:
-        return "fused"
-    return "workspace"
+    return "fused" if budget < _MIN_WORKSPACE_ROWS * vocab else "workspace"
 
 
 @dataclass(frozen=True)
@@ -90,6 +88,36 @@ def _upstream(g: Tensor | None, n: int) -> Tensor | None:
     return None if g is None else g.to(torch.float32).reshape(n).contiguous()
 
 
+# --------------------------------------------------------------------------------- workspace and GEMMs
+def new_workspace(rows: int, cols: int, device: torch.device | str, dtype: torch.dtype = torch.float32) -> Tensor:
+    """An uninitialised [rows, cols] workspace whose row stride is a multiple of `_ALIGN` elements (16-byte
+    aligned rows for cuBLAS, also in a narrower `operand_view`)."""
+    ld = -(-max(cols, 1) // _ALIGN) * _ALIGN
+    return torch.empty(rows, ld, device=device, dtype=dtype)[:, :cols]
+
+
+def operand_view(ws: Tensor, dtype: torch.dtype) -> Tensor:
+    """The [n, c] tensor of `dtype` the row kernel writes d(raw) into: `ws` itself for the same dtype, else a
+    view of ws's memory whose row i starts at the first byte of ws's row i (bf16/fp16 over an fp32
+    workspace: no second buffer; `kernels.head_rows` orders its loads and stores for this aliasing)."""
+    if dtype == ws.dtype:
+        return ws
+    if torch.empty((), dtype=dtype).element_size() > ws.element_size() or ws.stride(1) != 1:
+        raise ValueError(f"operand_view: cannot view a {ws.dtype} workspace as {dtype}")
+    return ws.view(dtype)[:, : ws.shape[1]]
+
+
+def gemm_into(out: Tensor, a: Tensor, b: Tensor, *, accumulate: bool) -> None:
+    """out (+)= a @ b. Without `accumulate` the GEMM overwrites `out` (beta = 0: no zero-fill needed) and,
+    when out has the operands' dtype, writes it directly (fp32 accumulation inside the GEMM, one rounding)."""
+    if accumulate:
+        addmm_acc_(out, a, b)
+    elif out.dtype == a.dtype:
+        torch.mm(a, b, out=out)
+    else:
+        addmm_acc_(out, a, b, beta=0.0)
+
+
 # --------------------------------------------------------------------------------- workspace row kernel
 def workspace_head_rows_(
     ws: Tensor,
@@ -106,23 +134,26 @@ def workspace_head_rows_(
     ez: Tensor | None = None,
     g_lp: Tensor | None = None,
     g_H: Tensor | None = None,
+    out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Triton epilogue on a chunk of raw logits; drop-in for `ChunkedHead.stats` + `ChunkedHead.grad_raw_`.
 
     ws [n, c]: raw logits `h_chunk @ W[col_start:col_start+c].T` WITHOUT bias or transform (fp32, bf16 or
-    fp16, unit column stride, any row stride; written in place when gradients are given). targets [n]
-    global vocab ids (ignore_index allowed), inv_temperature [n] (1/T per token, any float dtype),
-    bias: the full [V] bias or None. With z = softcap(logit_scale (ws + b)) * inv_temperature:
+    fp16, unit column stride, any row stride). targets [n] global vocab ids (ignore_index allowed),
+    inv_temperature [n] (1/T per token, any float dtype), bias: the full [V] bias or None. With
+    z = softcap(logit_scale (ws + b)) * inv_temperature:
 
     * `lse`/`ez` None: computes, per row, lse = log sum_j e^{z_j}, ez = E_p z (0 unless `entropy`) and the
       target logit z_y (0 at ignored rows); needs whole vocabulary rows (col_start = 0, c = V). Returns
       (lse, ez, z_y) fp32 [n] — the same triple as `ChunkedHead.stats` — so logprob = z_y - lse and
       entropy = lse - ez.
-    * `g_lp` given (fp32-castable [n]; `g_H` too, or None for no entropy gradient): overwrites ws with
+    * `g_lp` given (fp32-castable [n]; `g_H` too, or None for no entropy gradient): writes
       d(raw)_j = [g_lp (1[j=y] - p_j) - g_H p_j (z_j - ez)] * inv_T * logit_scale * (1 - tanh^2), p = e^{z - lse},
-      using the given lse/ez (any column slice) or the ones just computed (one call for stats and gradient).
-      Ignored rows get a zero gradient. Then `dh = ws @ W[cols]`, `dW[cols] = ws.T @ h`, `db = ws.sum(0)`.
-      Returns (lse, ez, None) when lse/ez were given.
+      into `out` (default: ws in place; else [n, c] in any float dtype, e.g. `operand_view(ws, torch.bfloat16)`
+      so the gradient GEMMs read bf16 with no conversion pass), using the given lse/ez (any column slice) or
+      the ones just computed (one call for stats and gradient). Ignored rows get a zero gradient. Then
+      `dh = out @ W[cols]`, `dW[cols] = out.T @ h`, `db = out.sum(0)`. Returns (lse, ez, None) when lse/ez
+      were given.
     """
     n, c = ws.shape
     if ws.stride(1) != 1:
@@ -131,6 +162,10 @@ def workspace_head_rows_(
         raise ValueError("g_H needs g_lp (pass zeros for no logprob gradient)")
     if (lse is None) != (ez is None):
         raise ValueError("lse and ez must be given together")
+    out = ws if out is None else out
+    if out.shape != ws.shape or out.stride(1) != 1:
+        raise ValueError(f"out must be [n, c] = {tuple(ws.shape)} with unit column stride, got {tuple(out.shape)}")
+    _check_alias(ws, out)
     stats = lse is None
     if stats and (col_start != 0 or (bias is not None and c != bias.shape[0])):
         raise ValueError("statistics need whole vocabulary rows: col_start must be 0 and ws must hold all V columns")
@@ -145,32 +180,49 @@ def workspace_head_rows_(
         launch_head_rows(
             ws, bias, tgt, inv_t, lse, ez, zy, _upstream(g_lp, n), _upstream(g_H, n),
             col_start=int(col_start), scale=float(logit_scale), softcap=None if softcap is None else float(softcap),
-            entropy=entropy, stats=stats,
+            entropy=entropy, stats=stats, d=out,
         )
     return lse, ez, zy
 
 
+def _check_alias(ws: Tensor, out: Tensor) -> None:
+    """`out` may share memory with ws only as ws itself or as its `operand_view` (row i at ws's row i)."""
+    if out is ws or out.untyped_storage().data_ptr() != ws.untyped_storage().data_ptr():
+        return
+    row_bytes = out.stride(0) * out.element_size() == ws.stride(0) * ws.element_size()
+    if not (out.data_ptr() == ws.data_ptr() and row_bytes and out.element_size() <= ws.element_size()):
+        raise ValueError("out overlaps ws other than as ws itself or operand_view(ws, dtype)")
+
+
 def grad_blocks(n: int, v: int, budget: int) -> tuple[int, int]:
-    """(tokens, vocab columns) of one backward workspace block: all tokens of a vocabulary slice if possible."""
+    """(tokens, vocab columns) of one backward workspace block: all tokens of a vocabulary slice if possible.
+    Slices narrower than the vocabulary are multiples of `_ALIGN` columns."""
     cols = min(v, budget // max(n, 1))
     if cols >= min(v, _MIN_GRAD_COLS):
-        return n, cols
+        return n, cols if cols == v else cols // _ALIGN * _ALIGN
     cols = min(v, _MIN_GRAD_COLS)
     return max(1, budget // cols), cols
 
 
-def fused_splits(n: int, v: int, elem_size: int = 2) -> tuple[int, int]:
-    """(vocab splits, vocab blocks per split) of the fused forward grid for inputs of `elem_size` bytes: about
-    `_TARGET_PROGRAMS` programs (token tiles x splits) to fill the GPU; every split starts inside the vocabulary."""
-    config = FWD_CONFIGS[elem_size]
+def fused_splits(n: int, v: int, config: dict, programs: int) -> tuple[int, int]:
+    """(vocab splits, vocab blocks per split) of the fused forward grid with `config`'s tiles: about
+    `programs` programs (token tiles x splits) to fill the GPU; every split starts inside the vocabulary."""
     row_tiles = -(-n // config["BLOCK_M"])
     vocab_blocks = -(-v // config["BLOCK_N"])
-    per_split = -(-vocab_blocks // max(1, min(vocab_blocks, _TARGET_PROGRAMS // row_tiles)))
+    per_split = -(-vocab_blocks // max(1, min(vocab_blocks, programs // row_tiles)))
     return -(-vocab_blocks // per_split), per_split
 
 
+def _device_arch_and_programs(device: torch.device) -> tuple[int, int]:
+    """(80 or 90: the launch-config family, target program count) for tensors on `device`."""
+    if device.type != "cuda":
+        return 90, _TARGET_PROGRAMS
+    props = torch.cuda.get_device_properties(device)
+    return (90 if props.major >= 9 else 80), props.multi_processor_count
+
+
 class _HeadFunctionBase(torch.autograd.Function):
-    """Shared forward/backward bookkeeping; subclasses implement `_stats` and `_grads`."""
+    """Shared forward/backward bookkeeping; subclasses implement `_stats`; `_grads` is the workspace backward."""
 
     @classmethod
     def forward(cls, ctx, h, w, b, tgt, inv_t, cfg: _KernelConfig, with_entropy: bool):  # type: ignore[override]
@@ -187,7 +239,7 @@ class _HeadFunctionBase(torch.autograd.Function):
         n = h.shape[0]
         g_lp = torch.zeros(n, device=h.device, dtype=torch.float32) if g_lp is None else _upstream(g_lp, n)
         g_H = _upstream(g_H, n) if ctx.with_entropy else None
-        grads = cls._grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, ctx.cfg)
+        grads = _workspace_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, ctx.cfg)
         return (
             *(None if g is None else g.to(x.dtype) for g, x in zip(grads, (h, w, b))),
             None,
@@ -197,12 +249,42 @@ class _HeadFunctionBase(torch.autograd.Function):
         )
 
 
-def _zeros_f32(shape, needed: bool, like: Tensor) -> Tensor | None:
-    return torch.zeros(shape, device=like.device, dtype=torch.float32) if needed else None
+def _workspace_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg):
+    """(dh, dW, db), None where not needed. Blocks of `grad_blocks` (vocabulary slices over all tokens when
+    the budget allows). Per block: fp32 raw logits (GEMM, beta = 0) -> d(raw) in the input dtype over the same
+    memory (row kernel) -> dh[r] (+)= d W[c], dW[c] (+)= d^T h[r]. dh is fp32 only when there are several
+    slices, dW only when there are several token chunks; otherwise each is one GEMM into the input dtype."""
+    n, v = h.shape[0], w.shape[0]
+    rows_per, cols_per = grad_blocks(max(n, 1), v, cfg.max_elements)
+    row_chunks, slices = -(-n // rows_per), -(-v // cols_per)
+    dev = h.device
+    dh = torch.empty(h.shape, device=dev, dtype=h.dtype if slices == 1 else torch.float32) if need[0] else None
+    dw = torch.empty(w.shape, device=dev, dtype=w.dtype if row_chunks <= 1 else torch.float32) if need[1] else None
+    db = torch.zeros(v, device=dev, dtype=torch.float32) if need[2] else None
+    if n == 0 or not any(need):
+        return tuple(None if g is None else g.zero_() for g in (dh, dw, db))
+    buf = new_workspace(min(rows_per, n), min(cols_per, v), dev)
+    for ci, c0 in enumerate(range(0, v, cols_per)):
+        c = slice(c0, min(v, c0 + cols_per))
+        for ri, r0 in enumerate(range(0, n, rows_per)):
+            r = slice(r0, min(n, r0 + rows_per))
+            ws = buf[: r.stop - r.start, : c.stop - c.start]
+            gemm_into(ws, h[r], w[c].T, accumulate=False)
+            d = operand_view(ws, h.dtype)
+            launch_head_rows(ws, b, tgt[r], inv_t[r], lse[r], ez[r], None, g_lp[r],
+                             None if g_H is None else g_H[r], col_start=c0, scale=cfg.scale,
+                             softcap=cfg.softcap, entropy=g_H is not None, stats=False, d=d)
+            if db is not None:
+                db[c] += d.sum(0, dtype=torch.float32)
+            if dh is not None:
+                gemm_into(dh[r], d, w[c], accumulate=ci > 0)
+            if dw is not None:
+                gemm_into(dw[c], d.T, h[r], accumulate=ri > 0)
+    return dh, dw, db
 
 
 class FusedHeadFunction(_HeadFunctionBase):
-    """Fused strategy: forward (token tile x vocab split) + merge; backward recompute + fp32 atomics."""
+    """Fused strategy: forward (token tile x vocab split) tl.dot + merge, no logits workspace."""
 
     @staticmethod
     def _stats(h, w, b, tgt, inv_t, cfg, with_entropy):
@@ -211,73 +293,36 @@ class FusedHeadFunction(_HeadFunctionBase):
         out = [torch.zeros(n, **f32) for _ in range(4)]
         if n == 0:
             return out
-        splits, per_split = fused_splits(n, v, h.element_size())
+        arch, programs = _device_arch_and_programs(h.device)
+        config = launch_config(h.element_size(), arch, n)
+        splits, per_split = fused_splits(n, v, config, programs)
         part = torch.empty(4, splits, n, **f32)
         launch_head_fwd(h, w, b, tgt, inv_t, part, per_split, scale=cfg.scale, softcap=cfg.softcap,
-                        entropy=with_entropy, upcast=cfg.upcast, precision=cfg.precision)
+                        entropy=with_entropy, upcast=cfg.upcast, precision=cfg.precision, config=config)
         launch_head_merge(part, tgt, *out, entropy=with_entropy)
         return out
 
-    @staticmethod
-    def _grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg):
-        """(dh, dW, db) in fp32 (None where not needed): atomics need fp32 buffers of the full size."""
-        dh, dw, db = (_zeros_f32(shape, nd, h) for shape, nd in zip((h.shape, w.shape, w.shape[:1]), need))
-        if h.shape[0] and any(need):
-            launch_head_bwd(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, dh, dw, db, scale=cfg.scale,
-                            softcap=cfg.softcap, upcast=cfg.upcast, precision=cfg.precision)
-        return dh, dw, db
-
 
 class WorkspaceHeadFunction(_HeadFunctionBase):
-    """Workspace strategy: torch.matmul chunks + the Triton row kernel (statistics, or d(raw) in place)."""
+    """Workspace strategy: cuBLAS GEMM into an fp32 chunk of whole vocabulary rows + the row kernel."""
 
     @staticmethod
     def _stats(h, w, b, tgt, inv_t, cfg, with_entropy):
         n, v = h.shape[0], w.shape[0]
         f32 = {"device": h.device, "dtype": torch.float32}
         lse, ez, zy = (torch.zeros(n, **f32) for _ in range(3))
-        rows_per = max(1, cfg.max_elements // v)
+        rows_per = max(1, min(n, cfg.max_elements // v))
+        buf = new_workspace(rows_per, v, h.device) if n else None
         for r0 in range(0, n, rows_per):
             r = slice(r0, min(n, r0 + rows_per))
-            ws = gemm_f32(h[r], w.T)
+            ws = buf[: r.stop - r.start]
+            gemm_into(ws, h[r], w.T, accumulate=False)
             launch_head_rows(ws, b, tgt[r], inv_t[r], lse[r], ez[r], zy[r], None, None, col_start=0,
                              scale=cfg.scale, softcap=cfg.softcap, entropy=with_entropy, stats=True)
         valid = tgt >= 0
         zero = torch.zeros_like(lse)
         ent = torch.where(valid, lse - ez, zero) if with_entropy else zero
         return lse, ez, torch.where(valid, zy - lse, zero), ent
-
-    @staticmethod
-    def _grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg):
-        """(dh fp32, dW, db fp32). When one token chunk covers all N, each dW slice comes from a single GEMM
-        and is written straight in the weight dtype (no [V, D] fp32 buffer); otherwise dW accumulates fp32."""
-        n, v = h.shape[0], w.shape[0]
-        rows_per, cols_per = grad_blocks(n, v, cfg.max_elements)
-        one_pass = 0 < n <= rows_per
-        dh, db = _zeros_f32(h.shape, need[0], h), _zeros_f32(w.shape[:1], need[2], h)
-        dw = _zeros_f32(w.shape, need[1] and not one_pass, h)
-        if need[1] and one_pass:
-            dw = torch.empty(w.shape, device=w.device, dtype=w.dtype)
-        if n == 0 or not any(need):
-            return dh, dw, db
-        for c0 in range(0, v, cols_per):
-            c = slice(c0, min(v, c0 + cols_per))
-            for r0 in range(0, n, rows_per):
-                r = slice(r0, min(n, r0 + rows_per))
-                ws = gemm_f32(h[r], w[c].T)
-                launch_head_rows(ws, b, tgt[r], inv_t[r], lse[r], ez[r], None, g_lp[r],
-                                 None if g_H is None else g_H[r], col_start=c0, scale=cfg.scale,
-                                 softcap=cfg.softcap, entropy=g_H is not None, stats=False)
-                if db is not None:
-                    db[c] += ws.sum(0)
-                d_lo = ws.to(h.dtype)  # GEMM operands in the input dtype (tensor cores), fp32 outputs
-                if dh is not None:
-                    addmm_acc_(dh[r], d_lo, w[c])
-                if dw is not None and one_pass:
-                    dw[c] = gemm_f32(d_lo.T, h[r])
-                elif dw is not None:
-                    addmm_acc_(dw[c], d_lo.T, h[r])
-        return dh, dw, db
 
 
 def triton_linear_logprobs(

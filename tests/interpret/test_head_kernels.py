@@ -153,37 +153,46 @@ def test_empty_batch(strategy, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "strategy,n,v,chunk_elements,target_programs",
+    "strategy,n,v,chunk_elements,target_programs,dtype",
     [
-        ("fused", 3, 4099, None, 4),  # 33 vocab blocks in 4 splits of 9: the last split ends in 3 empty blocks
-        ("workspace", 40, 1021, 2048, None),  # 20 forward row chunks; backward 20 token chunks (fp32 dW accumulation)
-        ("workspace", 3, 4099, 4500, None),  # backward: 3 vocabulary slices over all tokens (dW written per slice)
+        ("fused", 3, 4099, None, 4, torch.float32),  # 33 vocab blocks in 4 splits of 9: the last ends in 3 empty
+        # 20 forward row chunks; backward 20 token chunks (fp32 dW accumulation, first chunk with beta = 0)
+        ("workspace", 40, 1021, 2048, None, torch.float32),
+        ("workspace", 40, 1021, 2048, None, torch.bfloat16),
+        # backward: vocabulary slices of 128-multiples over all tokens (fp32 dh; dW written per slice)
+        ("workspace", 3, 4099, 4500, None, torch.float32),
+        ("workspace", 3, 4099, 4500, None, torch.float16),
     ],
-    ids=["fused-splits", "workspace-token-chunks", "workspace-vocab-slices"],
+    ids=["fused-splits", "workspace-token-chunks", "workspace-token-chunks-bf16", "workspace-vocab-slices",
+         "workspace-vocab-slices-fp16"],
 )
-def test_grid_and_chunk_plans(strategy, n, v, chunk_elements, target_programs, monkeypatch):
+def test_grid_and_chunk_plans(strategy, n, v, chunk_elements, target_programs, dtype, monkeypatch):
+    from ludic_fast.kernels.head_fwd import launch_config
+
     from ludic_fast.ops import triton_head
     from ludic_fast.ops.torch_head import HeadTransform
 
     if target_programs is not None:
         monkeypatch.setattr(triton_head, "_TARGET_PROGRAMS", target_programs)
-        assert triton_head.fused_splits(n, v, 4) == (4, 9)
-    case = Case("fp32", torch.float32, n, v, 40, "per-token", softcap=5.0, bias=True, ignore=True)
+        assert triton_head.fused_splits(n, v, launch_config(4, 90, n), target_programs) == (4, 9)
+    case = Case("x", dtype, n, v, 40, "per-token", softcap=5.0, bias=True, ignore=True)
     hidden, weight, bias, targets, temperature, g_lp, g_h = _inputs(case, seed=7)
     leaves = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
     transform = HeadTransform(1.0, 5.0, temperature.double().reciprocal())
     lp, ent, lse = triton_head.triton_linear_logprobs(leaves[0], leaves[1], leaves[2], targets, transform,
                                                       True, -100, strategy=strategy, chunk_elements=chunk_elements)
     grads = torch.autograd.grad((lp, ent), leaves, (g_lp, g_h))
-    ref_leaves = [x.cpu().requires_grad_() for x in (hidden, weight, bias)]
+    ref_leaves = [x.float().cpu().requires_grad_() for x in (hidden, weight, bias)]
     ref = reference.linear_logprobs(ref_leaves[0], ref_leaves[1], targets.cpu(), bias=ref_leaves[2], softcap=5.0,
                                     temperature=temperature.cpu())
     ref_grads = torch.autograd.grad((ref.logprobs, ref.entropy), ref_leaves, (g_lp.cpu(), g_h.cpu()))
     torch.testing.assert_close(lp.cpu(), ref.logprobs, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(ent.cpu(), ref.entropy, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(lse.cpu(), ref.lse, atol=2e-5, rtol=1e-5)
+    grad_tol = 1e-5 if dtype == torch.float32 else 1.5e-2  # d(raw) rounded to the GEMM operand dtype
     for got, want in zip(grads, ref_grads):
-        assert _max_rel(got.cpu(), want) <= 1e-5
+        assert got.dtype == dtype
+        assert _max_rel(got.cpu(), want) <= grad_tol
 
 
 def test_float64_is_rejected_by_the_triton_backend():
