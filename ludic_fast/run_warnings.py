@@ -5,7 +5,8 @@ stats and calls `notify(message)` the first time a step
 - has every group's rewards tied (`train/zero_variance_group_frac == 1`): group-relative advantages
   r_i - mean(r) are all 0, so the policy-gradient term vanishes;
 - has credit 0 on every item (`train/zero_weight_frac == 1`);
-- trains on no sample at all (`train/num_samples == 0`: every rollout was filtered out);
+- trains on no sample at all (`train/num_samples == 0`), or had to skip batches whose samples were all
+  filtered out (`train/empty_batches > 0`);
 - has a gradient norm of exactly 0 (the step left the weights unchanged).
 `warn(kind, message)` sends a warning known before training (e.g. a group size of 1) through the same
 once-per-kind channel. `console_notifier(console)` routes messages to a console logger's `warn` (the rich
@@ -43,6 +44,13 @@ class LearningSignalMonitor:
     def log(self, step: int, stats: Mapping[str, Any]) -> None:
         if stats.get("train/num_samples") == 0:
             self.warn("no_samples", f"step {step} trained on no sample: every rollout was filtered out")
+        empty = stats.get("train/empty_batches")
+        if isinstance(empty, (int, float)) and empty > 0:
+            self.warn(
+                "empty_batches",
+                f"step {step}: {empty:.0f} batch(es) skipped because every sample was filtered out "
+                "(--max-lag or the preset's filters)",
+            )
         if stats.get("train/zero_variance_group_frac") == 1.0:
             reward = stats.get("train/avg_total_reward")
             tied = f" (mean reward {reward:.3g})" if isinstance(reward, (int, float)) else ""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import math
 import random
 import time
@@ -59,6 +60,8 @@ from ludic_fast.integrations.packing import (
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
 from ludic_fast.stats import Reducer, aggregate_stats, group_log_stats
 from ludic_fast.types import SAWBatch
+
+log = logging.getLogger(__name__)
 
 _SCHEDULES = ("constant", "linear", "cosine")
 _REF_RESETS = ("hard", "mix")
@@ -341,7 +344,13 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------- one step
     async def _fetch(self) -> SAWBatch:
+        """The next batch with items; batches left empty by max_lag or preprocess are skipped, counted in
+        `empty_batches` (logged with the step) and reported on stderr at 1, 10, 100, ... in a row."""
+        empty = 0
         while True:
+            if empty in (1, 10, 100, 1000, 10000):
+                log.warning("%d batch(es) in a row had every sample filtered out (max_lag / preprocess filters); "
+                            "the trainer keeps fetching", empty)
             saw_batch = await self.batch_source.next_batch()
             if self.cfg.max_lag is not None:
                 saw_batch.items = [
@@ -354,7 +363,9 @@ class Trainer:
             if saw_batch.items:
                 rollout_ids = {it.meta.get("rollout_id") for it in saw_batch.items} - {None}
                 saw_batch.meta["effective_rollouts"] = len(rollout_ids) if rollout_ids else len(saw_batch.items)
+                saw_batch.meta["empty_batches"] = empty
                 return saw_batch
+            empty += 1
 
     def accumulate_gradients(self, saw_batch: SAWBatch) -> tuple[Tensor, list[dict[str, Any]], list[int], list[Tensor]]:
         """Steps 2-3 of `train_step` on a fetched batch: split, collate, `(loss_k n_k / N).backward()` per chunk.
@@ -430,7 +441,7 @@ class Trainer:
             lr=self.optimizer.param_groups[0]["lr"],
         )
         for key in ("oversampling_factor", "zvp_filter_frac", "rollout_rounds", "zero_variance_group_frac",
-                    "zero_weight_frac"):
+                    "zero_weight_frac", "empty_batches"):
             if key in saw_batch.meta:
                 stats[key] = float(saw_batch.meta[key])
         if self.ref_model is not None:

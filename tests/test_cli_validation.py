@@ -207,3 +207,32 @@ def test_sft_rollouts_and_eval_share_the_prompt_format(tmp_path, monkeypatch, ch
     assert gen_prompts and sft_prompts and set(gen_prompts) <= set(sft_prompts)
     decoded = tok.decode(list(gen_prompts[0]))
     assert decoded.startswith("u: ") == chat and decoded.endswith("a: ") == chat
+
+
+def test_trainer_counts_and_reports_batches_emptied_by_filters(caplog):
+    """A batch whose samples are all filtered out is skipped, reported on stderr and counted in the step's stats."""
+    import logging
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _trainer_fixtures import TOKENIZER, ListSource, make_items, tiny_model
+
+    from ludic_fast.algorithm import make_cispo
+    from ludic_fast.loggers import TeeLogger
+    from ludic_fast.trainer import Trainer, TrainerConfig
+
+    seen, said = [], []
+
+    class Rec:
+        def log(self, step, stats):
+            seen.append(dict(stats))
+
+    cfg = TrainerConfig(model_device="cpu", pad_token_id=TOKENIZER, max_seq_len=16, micro_token_budget=64,
+                        sync_every_steps=0)
+    trainer = Trainer(model=tiny_model(), algo=make_cispo(group_size=1), batch_source=ListSource([[], make_items(3)]),
+                      cfg=cfg, train_logger=TeeLogger(Rec(), LearningSignalMonitor(said.append)))
+    with caplog.at_level(logging.WARNING, logger="ludic_fast.trainer"):
+        trainer.train_sync(1)
+    assert "1 batch(es) in a row had every sample filtered out" in caplog.text
+    assert seen[0]["train/empty_batches"] == 1.0
+    assert said == ["step 1: 1 batch(es) skipped because every sample was filtered out (--max-lag or the preset's "
+                    "filters)"]
