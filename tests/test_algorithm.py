@@ -1,4 +1,4 @@
-"""RLAlgorithm and presets: Ludic's preset cases (ref §9.2, §9.3) and end-to-end pipelines
+"""RLAlgorithm and presets: Ludic's preset cases (from Ludic's test suite) and end-to-end pipelines
 rollouts -> credit -> items -> preprocess -> collation -> loss, checked against ludic_fast.reference."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _item(weight, logps=None, meta=None):
     )
 
 
-# ---------------------------------------------------------------------------- Ludic §9.2 / §9.3
+# ---------------------------------------------------------------------------- Ludic's preset cases
 def test_preset_defaults():
     gspo = make_gspo(group_size=4).loss
     assert isinstance(gspo, L.ClippedSurrogateLoss)

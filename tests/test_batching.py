@@ -1,4 +1,4 @@
-"""Micro-batching and collation: Ludic's cases (ref §9.2, §9.5), packed layout, property tests."""
+"""Micro-batching and collation: Ludic's test cases, packed layout, property tests."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def _of_len(n, tag=0):
     return _item([tag + 1] * n, meta={"tag": tag})
 
 
-# ------------------------------------------------------------------------------ Ludic §9.5 cases
+# ------------------------------------------------------------------------------ Ludic's cases
 def test_split_lengths_2555_budget_10():
     chunks = split_items_by_token_budget(
         [_of_len(5, 0), _of_len(2, 1), _of_len(5, 2), _of_len(5, 3)], micro_token_budget=10, max_seq_len=5

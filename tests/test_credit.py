@@ -1,4 +1,4 @@
-"""Credit assigners: Ludic's cases (ref §9.4), hand-derived batch-normalised / ZVP / GAE / shaping cases."""
+"""Credit assigners: Ludic's test cases, hand-derived batch-normalised / ZVP / GAE / shaping cases."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def _weights(credit, rollouts):
     return [out[(r.id, 0)] for r in rollouts]
 
 
-# ------------------------------------------------------------------------------ Ludic §9.4 cases
+# ------------------------------------------------------------------------------ Ludic's cases
 def test_monte_carlo_gamma_one():
     r1, r2 = _rollout([0, 0, 1]), _rollout([-1])
     out = MonteCarloReturn().compute([r1, r2])
@@ -84,7 +84,7 @@ def test_group_normalized_zero_std_with_normalization_is_zero():
 def test_group_normalized_positive_only():
     rs = [_rollout([1], "A"), _rollout([0], "A")]
     assert _weights(GroupNormalizedReturn(group_size=2, positive_only=True), rs) == [0.5, 0.0]
-    # §9.7: clip first, then std of the clipped values (0.25) -> [2, 0]
+    # hand-derived: clip first, then std of the clipped values (0.25) -> [2, 0]
     both = GroupNormalizedReturn(group_size=2, normalize_adv=True, positive_only=True)
     assert _weights(both, rs) == pytest.approx([2.0, 0.0], abs=1e-6)
 

@@ -17,8 +17,9 @@ FORBIDDEN = re.compile(r"\bref/[\w-]+\.md|(?-i:\bDESIGN\b)|\.\./shared|issue not
 #: ludic_fast/benchmark is owned by the benchmark work and cleaned there
 SOURCES = [
     p
-    for p in [*ROOT.glob("ludic_fast/**/*.py"), *ROOT.glob("examples/**/*.py"), *ROOT.glob("tools/*.py")]
-    if "benchmark" not in p.parts
+    for p in [*ROOT.glob("ludic_fast/**/*.py"), *ROOT.glob("examples/**/*.py"), *ROOT.glob("tools/*.py"),
+              *ROOT.glob("tests/**/*.py")]
+    if "benchmark" not in p.parts and p.name != "test_docs.py"
 ]
 
 

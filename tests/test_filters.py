@@ -1,4 +1,4 @@
-"""Sample filters (Ludic §7.5 truth tables) and preprocess functions (Ludic §9.2, §9.3, §9.7)."""
+"""Sample filters (Ludic's truth tables) and preprocess functions (Ludic's cases, hand-derived checks)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def _g(gid, weight):
 
 
 def test_filter_zero_variance_groups_hand_derived(caplog):
-    # §9.7: HybridNormalizedReturn weights for A={1,0}, B={1,1}: A = ±1.414214, B = 0, 0
+    # hand-derived: HybridNormalizedReturn weights for A={1,0}, B={1,1}: A = ±1.414214, B = 0, 0
     items = [_g("A", 1.414214), _g("B", 0.0), _g("A", -1.414214), _g("B", 0.0), _item({}, weight=0.0)]
     batch = SAWBatch(items)
     with caplog.at_level(logging.INFO, logger="ludic_fast.filters"):

@@ -14,7 +14,7 @@ from ludic_fast.integrations.ludic import compute_loss
 
 transformers = pytest.importorskip("transformers", reason="transformers not installed")
 
-# Ludic master's signatures (ref/ludic-semantics.md §3): positional order and defaults.
+# Ludic master's signatures (joanvelja/ludic @ 321e8d7): positional order and defaults.
 LUDIC_SIGNATURES = {
     "ReinforceLoss": [("length_normalize", False), ("old_logp_key", "old_logp_action")],
     "ReinforceBaselineLoss": [("normalize", False), ("length_normalize", False), ("old_logp_key", "old_logp_action")],

@@ -1,4 +1,4 @@
-"""Ludic's numbers (ref/ludic-semantics.md §9.1 and §9.7) through our classes, and hand-checked RL-ZVP and
+"""Ludic's numbers (its loss tests and hand-derived checks) through our classes, and hand-checked RL-ZVP and
 ScaleRL cases. Each case runs the logits path and both hidden paths (hidden = logits, weight = identity)."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def mask(*rows):
     return torch.tensor(rows, dtype=torch.float32)
 
 
-# -------------------------------------------------------------------------------------------- §9.1
+# -------------------------------------------------------------------------------------- Ludic's tests
 def test_logp_action_via_kl():
     logits = [[[1, 1, 3, 1], [4, 2, 1, 1], [1, 5, 1, 1]]]
     batch = {"input_ids": ids([2, 0, 1]), "action_mask": mask([0, 1, 1]), "old_logp_action": torch.zeros(1)}
@@ -147,7 +147,7 @@ def test_composite_loss_stats_exactly():
     assert isinstance(stats["ppo/weight"], float)
 
 
-# -------------------------------------------------------------------------------------------- §9.7
+# ----------------------------------------------------------------------------------- hand-derived
 def _setup_e(A: float):
     actor = torch.tensor([[0.0, -LN2 - LN2, 0.0]])  # token ratios r = [2.0, 0.5]
     batch = {"input_ids": ids([0, 1, 0]), "action_mask": mask([0, 1, 1]), "weight": torch.tensor([A]),

@@ -1,4 +1,4 @@
-"""Ludic's own loss test cases (ref/ludic-semantics.md §9.1) and the hand-derived checks (§9.7), run
+"""Ludic's own loss test cases and the hand-derived checks, run
 against `ludic_fast.reference` — the spec every fused loss is then tested against."""
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def test_composite_loss_needs_terms():
         R.CompositeLoss([])
 
 
-# ------------------------------------------------------------------ §9.7 setup E (hand-derived numbers)
+# ------------------------------------------------------------------ setup E (hand-derived numbers)
 def _setup_e(adv=1.0):
     """B=1, T=3, V=2, zero logits; ids [0,1,0], mask [0,1,1]; token ratios r = [2.0, 0.5]."""
     actor = [0.0, LN_HALF - math.log(2.0), 0.0]  # r = [exp(ln 2), exp(ln 0.5)]

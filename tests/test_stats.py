@@ -1,4 +1,4 @@
-"""Stats with Ludic master's semantics (ref/ludic-semantics.md §8.4, §9.6: test_stats, test_reducer)."""
+"""Stats with Ludic master's semantics (Ludic's test_stats, test_reducer)."""
 
 from __future__ import annotations
 

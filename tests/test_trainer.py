@@ -1,4 +1,4 @@
-"""Trainer: Ludic's trainer cases (ref/ludic-semantics.md §9.6) on a tiny Llama, the fused gradient against the
+"""Trainer: Ludic's trainer cases on a tiny Llama, the fused gradient against the
 reference loss on the model's logits, non-finite steps skipped bit-identically, LR schedule, reference model."""
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def linear_logprobs(
     shape of targets; logprobs and entropy are 0 where `targets == ignore_index`. Differentiable w.r.t.
     hidden, weight and bias for any upstream gradients of logprobs and entropy:
     dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z). `chunk_elements` bounds tokens x vocab columns of
-    one transient logits chunk (default `torch_head.DEFAULT_CHUNK_ELEMENTS`).
+    one transient logits chunk (default: $LUDIC_FAST_CHUNK_ELEMENTS, read at each call, else 64 Mi).
 
     Vocab-parallel: with `process_group=pg, vocab_start=s`, `weight` holds rows `[s, s + V_local)` of the
     global vocabulary (of `vocab_size` rows; summed over the group when None) and targets are global ids;
