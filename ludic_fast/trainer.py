@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import inspect
 import logging
 import math
 import random
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -51,6 +53,7 @@ from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
 from ludic_fast.distributed.macro import macro_totals_across_ranks
 from ludic_fast.distributed.rank0 import Rank0Publisher
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
+from ludic_fast.integrations.body_kernels import apply_body_kernels, check_body_kernels_device, compile_body
 from ludic_fast.integrations.packing import (
     PACKED_ATTENTION_PATHS,
     PackedAttention,
@@ -100,7 +103,10 @@ class TrainerConfig:
     position_ids, attention kept within each sequence by `packed_attention`: "auto" picks flash varlen,
     a flex BlockMask or a block-diagonal mask by the model's attention implementation, see
     `integrations.packing`; unsupported models are refused). check_packing: probe the packed path once
-    at construction (two sequences packed vs alone) and refuse it when inexact.
+    at construction (two sequences packed vs alone) and refuse it when inexact. body_kernels: Liger-Kernel's
+    RMSNorm / RoPE / SwiGLU / GeGLU kernels on the body (`integrations.body_kernels`; None = on for a CUDA
+    model_device, True on CPU is refused). compile_body: `torch.compile` each decoder layer (True: inductor,
+    or a backend name).
     """
 
     model_device: str = field(default_factory=_default_device)
@@ -125,6 +131,8 @@ class TrainerConfig:
     warmup_steps: int = 0
     total_steps: int | None = None
     gradient_checkpointing: bool = False
+    body_kernels: bool | None = None
+    compile_body: bool | str = False
     layout: str = "padded"
     packed_attention: str = "auto"
     check_packing: bool = True
@@ -153,6 +161,12 @@ class TrainerConfig:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.layout not in ("padded", "packed"):
             raise ValueError(f"layout must be 'padded' or 'packed', got {self.layout!r}")
+        if self.body_kernels not in (None, True, False):
+            raise TypeError(f"body_kernels must be None (auto), True or False, got {self.body_kernels!r}")
+        if self.body_kernels:
+            check_body_kernels_device(self.model_device)
+        if not isinstance(self.compile_body, (bool, str)) or self.compile_body == "":
+            raise TypeError(f"compile_body must be a bool or a torch.compile backend name, got {self.compile_body!r}")
         if self.packed_attention not in PACKED_ATTENTION_PATHS:
             raise ValueError(f"packed_attention must be one of {PACKED_ATTENTION_PATHS}, got {self.packed_attention!r}")
         if self.temperature <= 0:
@@ -245,9 +259,15 @@ class Trainer:
 
             model = get_peft_model(model, lora_config)
         self.model = model.to(self.device)
+        self.ref_model = None if ref_model is None else ref_model.to(self.device).eval().requires_grad_(False)
+        self.body_kernels = self._apply_body_kernels()
         if cfg.gradient_checkpointing:
             self._enable_gradient_checkpointing()
-        self.ref_model = None if ref_model is None else ref_model.to(self.device).eval().requires_grad_(False)
+        if cfg.compile_body:
+            backend = "inductor" if cfg.compile_body is True else cfg.compile_body
+            for m in (self.model, self.ref_model):
+                if m is not None:
+                    compile_body(m, backend=backend)
         self.packing = self.ref_packing = None
         if cfg.layout == "packed":
             self.packing = self._packed_attention(self.model, training=True)
@@ -269,6 +289,21 @@ class Trainer:
             self.resume(resume_from)
 
     # ------------------------------------------------------------------------------------------ setup
+    def _apply_body_kernels(self) -> Any:
+        """Liger's body kernels on the policy (and reference) model: `body_kernels` True, or None on CUDA.
+        Returns the applied `BodyKernelPlan` (None: off, Liger missing under auto, or no patch for the type)."""
+        wanted = self.cfg.body_kernels if self.cfg.body_kernels is not None else self.device.type == "cuda"
+        if not wanted:
+            return None
+        if self.cfg.body_kernels is None and importlib.util.find_spec("liger_kernel") is None:
+            warnings.warn("body_kernels (auto on CUDA): liger-kernel is not installed; the body runs unfused",
+                          stacklevel=3)
+            return None
+        plan = apply_body_kernels(self.model)
+        if plan is not None and self.ref_model is not None:
+            apply_body_kernels(self.ref_model)
+        return plan
+
     def _enable_gradient_checkpointing(self) -> None:
         enable = getattr(self.model, "activation_checkpointing_enable", None) or getattr(
             self.model, "gradient_checkpointing_enable", None
