@@ -31,7 +31,7 @@ import torch
 
 from ludic_fast import algorithm as presets
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
-from ludic_fast.cli_validation import OneLineParser, UsageError, check_args, check_task_tokens
+from ludic_fast.cli_validation import OneLineParser, UsageError, check_args, check_device, check_task_tokens
 from ludic_fast.loggers import JSONLLogger, PrintLogger, RichLiveLogger, TeeLogger, WandbLogger, plot_curves, read_jsonl
 from ludic_fast.rollout import (
     Evaluator,
@@ -46,6 +46,7 @@ from ludic_fast.rollout import (
 )
 from ludic_fast.run_warnings import LearningSignalMonitor, console_notifier
 from ludic_fast.stats import default_reducers
+from ludic_fast.train_recipe import add_recipe_arguments, apply_recipe, profile_default_help, recipe_trainer_kwargs
 from ludic_fast.trainer import Trainer, TrainerConfig
 
 #: presets by name; the group-based ones receive --group-size.
@@ -98,7 +99,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g = p.add_argument_group("SFT warm-up")
     g.add_argument("--sft-steps", type=int, default=40)
     g.add_argument("--sft-batch-size", type=int, default=64)
-    g.add_argument("--sft-lr", type=float, default=3e-3)
+    g.add_argument("--sft-lr", type=float, default=None, help=profile_default_help("sft_lr"))
     g.add_argument(
         "--sft-data",
         default=None,
@@ -110,7 +111,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--prompts-per-batch", type=int, default=32)
     g.add_argument("--group-size", type=int, default=8)
     g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--max-new-tokens", type=int, default=3)
+    g.add_argument("--max-new-tokens", type=int, default=None, help=profile_default_help("max_new_tokens"))
     g.add_argument(
         "--dynamic-sampling",
         action=argparse.BooleanOptionalAction,
@@ -123,13 +124,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         "--engine", default="hf", choices=["hf", "vllm"], help="rollouts: transformers generate, or vLLM ([vllm] extra)"
     )
     g = p.add_argument_group("trainer")
-    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--lr", type=float, default=None, help=profile_default_help("lr"))
     g.add_argument("--weight-decay", type=float, default=0.0)
     g.add_argument("--lr-scheduler", default="constant", choices=["constant", "linear", "cosine"])
     g.add_argument("--warmup-steps", type=int, default=0)
     g.add_argument("--max-grad-norm", type=float, default=1.0)
-    g.add_argument("--max-seq-len", type=int, default=64)
-    g.add_argument("--micro-token-budget", type=int, default=4096)
+    g.add_argument("--max-seq-len", type=int, default=None, help=profile_default_help("max_seq_len"))
+    g.add_argument("--micro-token-budget", type=int, default=None, help=profile_default_help("micro_token_budget"))
     g.add_argument("--gradient-checkpointing", action="store_true")
     g.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0 = full fine-tuning; needs the [lora] extra)")
     g.add_argument("--max-lag", type=int, default=None)
@@ -141,6 +142,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--logger", default="auto", choices=["auto", "rich", "print", "none"])
     g.add_argument("--wandb", action="store_true", help="log to Weights & Biases (needs the [wandb] extra)")
     g.add_argument("--no-plot", action="store_true")
+    add_recipe_arguments(p)
     return p
 
 
@@ -167,11 +169,13 @@ def build_model_and_tokenizer(args: argparse.Namespace, tok: Any = None) -> tupl
             eos_token_id=tok.eos_token_id,
             bos_token_id=tok.bos_token_id,
             seed=args.seed,
+            attn_implementation=args.attn,
         )
         return model, tok
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32)
+    # fp32 master weights under every --dtype: bf16/fp16 autocast the forward (train_recipe)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation=args.attn)
     return model, tok
 
 
@@ -281,6 +285,7 @@ def _trainer_config(args: argparse.Namespace, tok: Any, *, lr: float, steps: int
         gradient_checkpointing=args.gradient_checkpointing,
         temperature=args.temperature if args.temperature > 0 else 1.0,
         max_lag=args.max_lag,
+        **recipe_trainer_kwargs(args),
     )
 
 
@@ -312,6 +317,7 @@ def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: Pr
         train_logger=logger,
         lora_config=_lora_config(args),
     )
+    print(f"sft: {trainer.memory_estimate.format()}", flush=True)
     trainer.train_sync(max(0, args.sft_steps - trainer.step_idx))
     return trainer.model
 
@@ -368,6 +374,7 @@ def run_rl(
         reducers=default_reducers(),
         lora_config=None if hasattr(model, "peft_config") else _lora_config(args),  # SFT may have wrapped it
     )
+    print(f"rl: {trainer.memory_estimate.format()}", flush=True)
     trainer.train_sync(max(0, args.rl_steps - trainer.step_idx))
     return trainer
 
@@ -419,6 +426,8 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[Any, PromptAnswerTa
         raise UsageError("--resume needs --output-dir (the run to continue)")
     if args.sft_data and args.chat_template is False:
         raise UsageError("--sft-data is chat JSONL, formatted by the chat template: drop --no-chat-template")
+    check_device(args.device)
+    apply_recipe(args)
     check_args(args)
     task = build_task(args)
     tok = build_tokenizer(args)
@@ -435,7 +444,8 @@ def _header(args: argparse.Namespace, command: str, task: PromptAnswerTask) -> s
     return (
         f"ludic-fast {command}: model {model} on {args.device}; task {task.name} ({len(task.samples)} training rows); "
         f"eval: {describe_eval(args, task)}; prompts: {'chat template' if args.chat_template else 'raw text'}; "
-        f"{args.sft_steps} SFT steps, then {args.rl_steps} RL steps of {args.preset}; output {args.output_dir}"
+        f"{args.sft_steps} SFT steps, then {args.rl_steps} RL steps of {args.preset}; output {args.output_dir}; "
+        f"recipe: profile {args.profile}, dtype {args.dtype}, attn {args.attn}, layout {args.layout}"
     )
 
 

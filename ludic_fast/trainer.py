@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import inspect
 import logging
@@ -61,12 +62,16 @@ from ludic_fast.integrations.packing import (
     resolve_packed_attention,
 )
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
+from ludic_fast.memory_estimate import estimate_peak_memory
 from ludic_fast.stats import Reducer, aggregate_stats, group_log_stats
 from ludic_fast.types import SAWBatch
 
 log = logging.getLogger(__name__)
 
 _SCHEDULES = ("constant", "linear", "cosine")
+#: mixed_precision_dtype names -> autocast dtype
+MIXED_PRECISION = {None: None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+                   "float16": torch.float16}
 _REF_RESETS = ("hard", "mix")
 
 
@@ -106,7 +111,10 @@ class TrainerConfig:
     at construction (two sequences packed vs alone) and refuse it when inexact. body_kernels: Liger-Kernel's
     RMSNorm / RoPE / SwiGLU / GeGLU kernels on the body (`integrations.body_kernels`; None = on for a CUDA
     model_device, True on CPU is refused). compile_body: `torch.compile` each decoder layer (True: inductor,
-    or a backend name).
+    or a backend name). mixed_precision_dtype: None (the parameters' dtype throughout) or "bf16" / "fp16":
+    the forward runs under torch.autocast in that dtype while parameters, gradients and AdamW states keep
+    theirs (fp32 master weights); the head gets the hidden states and its weight cast to it; fp16 adds a
+    dynamic loss scale (torch.amp.GradScaler; an overflowing step is skipped and the scale lowered).
     """
 
     model_device: str = field(default_factory=_default_device)
@@ -133,6 +141,7 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     body_kernels: bool | None = None
     compile_body: bool | str = False
+    mixed_precision_dtype: str | None = None
     layout: str = "padded"
     packed_attention: str = "auto"
     check_packing: bool = True
@@ -167,6 +176,11 @@ class TrainerConfig:
             check_body_kernels_device(self.model_device)
         if not isinstance(self.compile_body, (bool, str)) or self.compile_body == "":
             raise TypeError(f"compile_body must be a bool or a torch.compile backend name, got {self.compile_body!r}")
+        if self.mixed_precision_dtype not in MIXED_PRECISION:
+            raise ValueError(
+                f"mixed_precision_dtype must be one of {[k for k in MIXED_PRECISION if k]} or None, "
+                f"got {self.mixed_precision_dtype!r}"
+            )
         if self.packed_attention not in PACKED_ATTENTION_PATHS:
             raise ValueError(f"packed_attention must be one of {PACKED_ATTENTION_PATHS}, got {self.packed_attention!r}")
         if self.temperature <= 0:
@@ -273,11 +287,17 @@ class Trainer:
             self.packing = self._packed_attention(self.model, training=True)
             if self.ref_model is not None:
                 self.ref_packing = self._packed_attention(self.ref_model, training=False)
+        self.amp_dtype = MIXED_PRECISION[cfg.mixed_precision_dtype]
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp_dtype is torch.float16 else None
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas), eps=cfg.eps
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.memory_estimate = estimate_peak_memory(
+            self.model, micro_tokens=cfg.micro_token_budget, compute_dtype=self.amp_dtype,
+            gradient_checkpointing=cfg.gradient_checkpointing, chunk_elements=cfg.chunk_elements,
+        )
         self.optimizer.zero_grad(set_to_none=True)
         self.step_idx = 0
         self.skipped_steps = 0
@@ -343,33 +363,52 @@ class Trainer:
             raise ValueError("a packed batch (cu_seqlens) needs TrainerConfig(layout='packed')")
         return packing.model_inputs(batch)
 
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _head_inputs(self, head: LMHead, hidden: Tensor) -> tuple[LMHead, Tensor]:
+        """Under mixed precision, the head's weight/bias and the hidden states cast (differentiably) to the
+        autocast dtype, unless the algorithm asks for an fp32 head."""
+        if self.amp_dtype is None or self.algo.fp32_head:
+            return head, hidden
+        dt = self.amp_dtype
+        bias = None if head.bias is None else head.bias.to(dt)
+        return dataclasses.replace(head, weight=head.weight.to(dt), bias=bias), hidden.to(dt)
+
     def micro_loss(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
         """(loss, stats) of one collated micro-batch through the fused head (inside the model's forward,
         so DDP/FSDP/PEFT wrappers do their work)."""
 
         def loss(head: LMHead, hidden: Tensor) -> tuple[Tensor, dict[str, Any]]:
-            return self.algo.compute_loss(
-                batch,
-                hidden=hidden,
-                **head.kwargs(),
-                temperature=self.cfg.temperature,
-                backend=self.cfg.backend,
-                chunk_elements=self.cfg.chunk_elements,
-            )
+            head, hidden = self._head_inputs(head, hidden)
+            with torch.autocast(self.device.type, enabled=False):
+                return self.algo.compute_loss(
+                    batch,
+                    hidden=hidden,
+                    **head.kwargs(),
+                    temperature=self.cfg.temperature,
+                    backend=self.cfg.backend,
+                    chunk_elements=self.cfg.chunk_elements,
+                )
 
         def run(lm: nn.Module, **inputs: Tensor) -> tuple[Tensor, dict[str, Any]]:
             return call_head(lm, loss, final_hidden_states(lm, **inputs), fp32_head=self.algo.fp32_head)
 
-        return call_in_forward(self.model, run, **self._model_inputs(batch))
+        with self._autocast():
+            return call_in_forward(self.model, run, **self._model_inputs(batch))
 
     @torch.no_grad()
     def reference_logps(self, batch: Mapping[str, Tensor]) -> Tensor:
         """log p_ref of each action token at its position ([B, T], 0 elsewhere), through the fused head."""
         ids = batch["input_ids"]
-        hidden = final_hidden_states(self.ref_model, **self._model_inputs(batch, reference=True))
+        with self._autocast():
+            hidden = final_hidden_states(self.ref_model, **self._model_inputs(batch, reference=True))
         targets = torch.where(batch["action_mask"][:, 1:] > 0, ids[:, 1:], torch.full_like(ids[:, 1:], -100))
 
         def logprobs(head: LMHead, h: Tensor) -> Tensor:
+            head, h = self._head_inputs(head, h)
             out = head.logprobs(h, targets, temperature=self.cfg.temperature, entropy=False, backend=self.cfg.backend)
             return out.logprobs
 
@@ -430,7 +469,8 @@ class Trainer:
                 if "actor_logps" in batch:
                     kl_ref.append(_k3_on_samples(batch["ref_logps"], batch["actor_logps"], batch["action_mask"]))
             loss, stats = self.micro_loss(batch)
-            (loss * (len(chunk) / n_total)).backward()
+            scaled = loss * (len(chunk) / n_total)
+            (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
             total_loss += loss.detach() * (len(chunk) / n_total)
             micro_stats.append(stats)
             sizes.append(len(chunk))
@@ -444,6 +484,8 @@ class Trainer:
         t_fetch = time.perf_counter() - t0
         total_loss, micro_stats, sizes, kl_ref = self.accumulate_gradients(saw_batch)
         params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         finite = bool(torch.isfinite(total_loss) & torch.isfinite(grad_norm))
@@ -452,6 +494,8 @@ class Trainer:
             self.scheduler.step()
         else:
             self.skipped_steps += 1
+        if self.scaler is not None:
+            self.scaler.update()  # lowers the scale after an overflow (the step above was skipped)
         self.optimizer.zero_grad(set_to_none=True)
         self.step_idx += 1
         stats = aggregate_stats(micro_stats, [saw_batch], reducers=self.reducers, micro_batch_sizes=sizes)
