@@ -1,15 +1,19 @@
 """Smoke tests of the benchmark runner at tiny shapes: error columns against the float64 reference, the
-subprocess path, the tables' ratios and goal verdicts (hand-derived numbers), outputs and the CLI."""
+subprocess and one-process paths, failures recorded as results, the tables' rows / µs-per-row / ratios and
+goal verdicts (hand-derived numbers, goals only at their stated shape), plot colours, outputs and the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import os
 
 import pytest
+import torch
 
-from ludic_fast.benchmark import cli, report
+from ludic_fast.benchmark import cli, impls, report
 from ludic_fast.benchmark.runner import CaseResult, Options, run_case, run_suite
-from ludic_fast.benchmark.workloads import Shape, make_inputs
+from ludic_fast.benchmark.workloads import WORKLOADS, Shape, make_inputs
 
 TINY = Shape(n=48, d=16, v=257, seq_len=16)
 FAST = Options(threads=1, repeats=1, warmup=0, check_tokens=32, in_process=True)
@@ -18,13 +22,13 @@ HAS_TRL = importlib.util.find_spec("trl") is not None
 
 
 def _impls():
-    names = ["ours-generic", "ours-fused", "reference"]
+    names = ["ours-generic", "ours-fused", "reference", "torch-lce"]
     names += ["liger"] if HAS_LIGER else []
     names += ["trl"] if HAS_TRL else []
     return names
 
 
-@pytest.mark.parametrize("workload", ["head", "cispo", "grpo", "gspo", "zvp_cispo"])
+@pytest.mark.parametrize("workload", ["head", "sft", "cispo", "grpo", "gspo", "zvp_cispo"])
 def test_error_columns_are_small_for_every_implementation(workload):
     results = run_suite(_impls(), [workload], [TINY], FAST, log=lambda _: None)
     ran = [r for r in results if r.status == "ok"]
@@ -36,6 +40,8 @@ def test_error_columns_are_small_for_every_implementation(workload):
         assert e["grad_hidden_rel"] < 1e-5 and e["grad_weight_rel"] < 1e-5, (r.impl, e)
         if workload == "head":
             assert e["logprobs"] < 1e-5 and e["entropy"] < 1e-5, (r.impl, e)
+        elif workload == "sft":
+            assert e["loss"] < 1e-5 and "logprobs" not in e, (r.impl, e)
         else:
             assert e["loss"] < 1e-5, (r.impl, e)
         assert r.median_s > 0 and r.min_s <= r.median_s
@@ -44,12 +50,48 @@ def test_error_columns_are_small_for_every_implementation(workload):
 def test_skips_say_why_and_floors_have_no_errors():
     liger_head = run_case("liger", "head", TINY, FAST)
     fused_head = run_case("ours-fused", "head", TINY, FAST)
-    triton = run_case("ours-triton", "head", TINY, FAST)
-    assert fused_head.status == "skipped" and "head op" in fused_head.reason
-    assert triton.status == "skipped" and "CUDA" in triton.reason
+    assert fused_head.status == "skipped" and "ours-generic" in fused_head.reason
+    for name in ("ours-triton-fused", "ours-triton-workspace", "cce"):
+        r = run_case(name, "head" if name != "cce" else "sft", TINY, FAST)
+        assert r.status == "skipped" and "CUDA" in r.reason, name
+    assert "backend auto is torch" in run_case("ours-torch", "cispo", TINY, FAST).reason
+    assert "cross-entropy only" in run_case("torch-lce", "cispo", TINY, FAST).reason
     assert liger_head.status == "skipped" and liger_head.reason
     floor = run_case("gemm-fwd+bwd", "cispo", TINY, FAST)
     assert floor.status == "ok" and floor.errors == {}
+
+
+def test_rows_scored_and_computed():
+    """TINY: 3 sequences of 16 tokens, prompt 4: 3 x 12 action rows; Liger scores 3 x 15, the reference 48."""
+    cispo, head = WORKLOADS["cispo"], WORKLOADS["head"]
+    assert cispo.scored_rows(TINY) == 36 and head.scored_rows(TINY) == 48
+    inp = make_inputs("cispo", TINY)
+    assert int(inp.batch["action_mask"][:, 1:].sum()) == 36
+    rows = {name: impls.IMPLS[name].rows_computed(cispo, TINY) for name in ("ours-fused", "trl", "liger", "reference")}
+    assert rows == {"ours-fused": 36, "trl": 36, "liger": 45, "reference": 48}
+    assert impls.IMPLS["liger"].rows_computed(head, TINY) == 48
+
+
+def test_floor_gemms_cover_the_scored_rows():
+    inp = make_inputs("cispo", TINY)
+    assert impls._rows(WORKLOADS["cispo"], inp).shape == (36, TINY.d)
+    assert impls._rows(WORKLOADS["sft"], make_inputs("sft", TINY)).shape == (48, TINY.d)
+
+
+def test_one_process_records_failures_and_forced_strategy_is_restored(monkeypatch):
+    def build(workload, inp):
+        def step():
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
+        return step
+
+    broken = dataclasses.replace(impls.IMPLS["ours-generic"], name="broken", build=build)
+    monkeypatch.setitem(impls.IMPLS, "broken", broken)
+    r = run_case("broken", "head", TINY, FAST)
+    assert r.status == "failed" and r.reason.startswith("OutOfMemoryError: CUDA out of memory"), r.reason
+    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", "auto")
+    with impls._strategy("workspace"):
+        assert os.environ["LUDIC_FAST_TRITON_STRATEGY"] == "workspace"
+    assert os.environ["LUDIC_FAST_TRITON_STRATEGY"] == "auto"
 
 
 def test_inputs_are_deterministic_and_peer_normalisers_match_ludic():
@@ -72,26 +114,32 @@ def _case(impl, role, median, peak, base=100 * 2**20, workload="cispo", status="
                       {"loss": 1e-7, "grad_hidden_rel": 2e-7, "grad_weight_rel": 3e-7})
 
 
-def _synthetic():
+def _synthetic(shape=TINY):
     gib = 2**30
-    return [
+    return [dataclasses.replace(r, shape=shape) for r in (
         _case("ours-fused", "ours", 12.0, 2 * gib),
         _case("reference", "reference", 16.0, 6 * gib),
         _case("liger", "peer", 18.0, 2.5 * gib),
         _case("trl", "peer", 24.0, 2.4 * gib),
         _case("gemm-fwd+bwd", "floor", 10.0, 2.5 * gib),
         CaseResult("verl", "peer", "cispo", TINY, "skipped", "verl not installed"),
-    ]
+    )]
+
+
+KEY = Shape(n=2048, d=896, v=151936, seq_len=512)  # the shape the goals are stated for
 
 
 def test_tables_show_every_ratio_and_goal_verdict():
-    group = report.groups(_synthetic())[(TINY, "cispo")]
+    group = report.groups(_synthetic(KEY))[(KEY, "cispo")]
     table = report.results_table(group)
     lines = table.splitlines()
-    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 15
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 18
     ours_row = next(line for line in lines if line.startswith("| ours-fused"))
-    # median 12 / reference 16 = 0.75; / GEMMs 10 = 1.20; peak 2 / 6 GiB = 0.33
-    assert "| 0.75 | 1.20 | 0.33 |" in ours_row
+    # 4 sequences of 512, 384 action rows each: 1536 rows; 12 s / 1536 = 7812.5 µs per row
+    # median 12 / reference 16 = 0.75; / GEMMs 10 = 1.20; peak 2 / 6 GiB = 0.33; extra 2 GiB - 100 MiB
+    assert ours_row.startswith("| ours-fused | 1536 | 12.000 | 12.000 | 7.81e+03 |")
+    assert "| 1.90 |" in ours_row and "| 0.75 | 1.20 | 0.33 |" in ours_row
+    assert next(line for line in lines if line.startswith("| reference")).startswith("| reference | 2048 |")
     assert "Not run: verl (skipped: verl not installed)." in table
     ratios = report.ours_table(group)
     assert "| ours-fused | reference | 0.75 | ≤ 0.75: met | 0.33 | ≤ 0.3: missed by 1.11× |" in ratios
@@ -99,6 +147,18 @@ def test_tables_show_every_ratio_and_goal_verdict():
     assert "| ours-fused | trl | 0.50 | ≤ 0.5: met |" in ratios
     assert "| ours-fused | gemm-fwd+bwd | 1.20 | ≤ 1: missed by 1.20× |" in ratios
     assert "stretch: inputs + grads + 15%" in ratios
+
+
+def test_goal_verdicts_only_at_the_shape_they_are_stated_for():
+    ratios = report.ours_table(report.groups(_synthetic())[(TINY, "cispo")])
+    assert "| ours-fused | reference | 0.75 |  | 0.33 |  |" in ratios
+    assert "missed" not in ratios and "met" not in ratios and "stretch" not in ratios
+
+
+def test_each_implementation_has_one_colour_everywhere():
+    colours = {name: report.colour(name) for name in impls.IMPLS}
+    assert len(set(colours.values())) == len(colours)  # distinct
+    assert report.colour("liger") == colours["liger"] and report.colour("old-name") == report.colour("other")
 
 
 def test_outputs_round_trip_and_plot(tmp_path):

@@ -1,7 +1,9 @@
 """`ludic-fast bench`: time and memory of the head and losses, ours vs reference vs peers vs the GEMM floor.
 
-    ludic-fast bench --preset key --out bench/results          # the CPU table of issue 9 (N=2048, Qwen2.5-0.5B head)
+    ludic-fast bench --preset key --out bench/results          # the key CPU table (N=2048, Qwen2.5-0.5B head)
     ludic-fast bench --preset cpu --out bench/results          # + N sweep, V sweep, D=2048 V=32000, every workload
+    ludic-fast bench --preset gpu-key                          # GPU: the anchor shape (-> bench/results/gpu/key)
+    ludic-fast bench --preset gpu                              # GPU: six shapes, head + CISPO + SFT (-> .../gpu/full)
     ludic-fast bench --workloads head,cispo --n 512,1024 --d 896 --v 151936 --impls ours-fused,reference
     ludic-fast bench --render bench/results/results.json --out bench/results  # redraw tables and plots
 
@@ -12,29 +14,31 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 from ludic_fast.benchmark.impls import IMPLS
-from ludic_fast.benchmark.report import markdown_report, plot_scaling
+from ludic_fast.benchmark.report import markdown_report, plot_scaling, summary_table
 from ludic_fast.benchmark.runner import CaseResult, Options, run_suite
 from ludic_fast.benchmark.workloads import WORKLOADS, Shape
 
 QWEN_D, QWEN_V = 896, 151936  # Qwen2.5-0.5B head
 _CPU_IMPLS = ("ours-fused", "ours-generic", "reference", "liger", "trl", "verl", "gemm-fwd+bwd", "gemm-fwd")
-_GPU_IMPLS = ("ours-fused", "ours-generic", "ours-triton", "reference", "liger", "trl", "verl", "gemm-fwd+bwd",
-              "gemm-fwd")
-#: verl's five test shapes (N, D, V), Liger's FLCE shapes (N 4k-32k, D=4096, V=128256) and N=8192 D=4096 V=151936
-_GPU_SHAPES = (
-    [(1937, 3584, 152064), (2169, 896, 151936), (1530, 2048, 32256), (1388, 4096, 102400), (8192, 4096, 102400)]
-    + [(n, 4096, 128256) for n in (4096, 8192, 16384, 32768)]
-    + [(8192, 4096, 151936)]
-)
+_GPU_IMPLS = ("ours-fused", "ours-generic", "ours-triton-fused", "ours-triton-workspace", "ours-torch", "reference",
+              "liger", "trl", "verl", "torch-lce", "cce", "gemm-fwd+bwd", "gemm-fwd")
+#: (N, D, V): the anchor (Qwen2.5-7B-like head), Qwen2.5-0.5B's head at 16k tokens, Llama-3-8B's at 32k,
+#: and the anchor's D, V at small N (where one token tile decides the strategy)
+GPU_ANCHOR = (8192, 4096, 151936)
+_GPU_SHAPES = [GPU_ANCHOR, (16384, 896, 151936), (32768, 4096, 128256)] + [(n, 4096, 151936) for n in (64, 512, 2048)]
+#: the GPU presets: CUDA events, median of 5 after 2 warm-ups, every case in one process
+_GPU_RUNS = {"dtype": "bfloat16", "one_process": True, "warmup": 2, "repeats": 5}
 
 PRESETS: dict[str, dict] = {
     "key": {
@@ -51,7 +55,10 @@ PRESETS: dict[str, dict] = {
         "impls": _CPU_IMPLS,
         "dtype": "float32",
     },
-    "gpu": {"shapes": _GPU_SHAPES, "workloads": tuple(WORKLOADS), "impls": _GPU_IMPLS, "dtype": "bfloat16"},
+    "gpu": {"shapes": _GPU_SHAPES, "workloads": ("head", "cispo", "sft"), "impls": _GPU_IMPLS,
+            "out": "bench/results/gpu/full", **_GPU_RUNS},
+    "gpu-key": {"shapes": [GPU_ANCHOR], "workloads": ("head", "cispo", "sft"), "impls": _GPU_IMPLS,
+                "out": "bench/results/gpu/key", **_GPU_RUNS},
     "smoke": {
         "shapes": [(64, 32, 1021), (128, 32, 1021)],
         "workloads": ("head", "cispo"),
@@ -82,12 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=512, help="tokens per sequence of the loss batches")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=2, help="torch threads per case (CPU)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per case")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per case (default: the preset's, else 3)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed runs before timing (default: preset's, else 1)")
+    p.add_argument("--one-process", action="store_true", default=None,
+                   help="measure every case in this process (CUDA: the allocator peak is reset per case; the GPU "
+                        "presets' default); otherwise one process per case")
     p.add_argument("--check-tokens", type=int, default=256, help="tokens of the float64 error check (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per case")
-    p.add_argument("--out", default="bench/results", help="output folder")
+    p.add_argument("--out", default=None, help="output folder (default: the preset's, else bench/results)")
     p.add_argument("--note", action="append", default=[], help="free-form line for the report header")
     p.add_argument("--render", metavar="RESULTS_JSON", help="only re-render tables and plots of a results.json")
     return p
@@ -124,34 +134,75 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.render:
         results, meta = load_results(args.render)
-        write_outputs(results, meta, Path(args.out))
-        print(f"wrote {args.out}/results.md")
+        out = Path(args.out or Path(args.render).parent)
+        write_outputs(results, meta, out)
+        print(f"wrote {out}/results.md")
         return 0
     preset = PRESETS.get(args.preset or "key")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     workloads = _validate(args.workloads or list(preset["workloads"]), WORKLOADS, "workloads")
     impls = _validate(args.impls or list(preset["impls"]), IMPLS, "implementations")
     shapes = _shapes(args, preset)
-    opts = Options(device=device, threads=args.threads, repeats=args.repeats, warmup=args.warmup,
-                   check_tokens=args.check_tokens, seed=args.seed, timeout_s=args.timeout)
+    out = Path(args.out or preset.get("out", "bench/results"))
+    warmup = args.warmup if args.warmup is not None else preset.get("warmup", 1)
+    repeats = args.repeats if args.repeats is not None else preset.get("repeats", 3)
+    one_process = bool(args.one_process if args.one_process is not None else preset.get("one_process", False))
+    opts = Options(device=device, threads=args.threads, repeats=repeats, warmup=warmup,
+                   check_tokens=args.check_tokens, seed=args.seed, timeout_s=args.timeout, in_process=one_process)
     load_before = _load_average()
     started = datetime.datetime.now(datetime.timezone.utc)
     results = run_suite(impls, workloads, shapes, opts)
     meta = {
         "command": "ludic-fast bench " + " ".join(argv),
         "date (UTC)": started.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device {device}"
-        + (f" ({torch.cuda.get_device_name()})" if device.startswith("cuda") else ""),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device {device}",
+        **device_info(device),
         "torch threads": str(args.threads),
-        "versions": f"torch {torch.__version__}, python {platform.python_version()}",
-        "runs": f"{args.warmup} warm-up + {args.repeats} timed per case",
+        "versions": versions(),
+        "runs": f"{warmup} warm-up + {repeats} timed per case"
+        + (", CUDA events" if device.startswith("cuda") else "")
+        + (", every case in one process" if one_process else ", each case in its own process"),
         "load average (1/5/15 min) before": load_before,
         "load average after": _load_average(),
         **{f"note {i + 1}": n for i, n in enumerate(args.note)},
     }
-    write_outputs(results, meta, Path(args.out))
-    print(f"wrote {args.out}/results.md")
-    return 0 if all(r.status != "failed" for r in results) else 1
+    write_outputs(results, meta, out)
+    print(summary_table(results))
+    print(f"wrote {out}/results.md")
+    # a peer or the reference failing (out of memory, a compile error) is a result; ours or a floor failing is not
+    return 0 if all(r.status != "failed" or IMPLS[r.impl].role in ("peer", "reference") for r in results) else 1
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> str:
+    """python, torch, triton and every installed peer, as 'name version' pairs."""
+    names = ("torch", "triton", "transformers", "liger-kernel", "trl", "verl", "cut-cross-entropy")
+    found = [f"python {platform.python_version()}"] + [f"{n} {v}" for n in names if (v := _version(n))]
+    return ", ".join(found)
+
+
+def device_info(device: str) -> dict[str, str]:
+    """The card, its driver and the CUDA runtime torch was built with (empty off CUDA)."""
+    if not device.startswith("cuda"):
+        return {}
+    props = torch.cuda.get_device_properties(torch.device(device))
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        driver = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout.strip() else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        driver = "unknown (no nvidia-smi)"
+    return {
+        "card": f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs",
+        "driver": driver,
+        "CUDA (torch build)": str(torch.version.cuda),
+    }
 
 
 def write_outputs(results: list[CaseResult], meta: dict[str, str], out: Path) -> None:

@@ -4,23 +4,31 @@ A builder takes (workload, inputs whose hidden/weight are fresh leaves) and retu
 that runs forward and backward once (gradients land in `hidden.grad` / `weight.grad`) and returns the
 detached per-token outputs it has (`logprobs`, `entropy`) and the scalar `loss`, for the error check.
 
-Roles: "ours" (ludic_fast), "reference" (materialised logits as a user writes them: `F.linear` then
-`ludic_fast.reference`), "peer" (Liger, TRL, verl), "floor" (bare GEMMs: 2NDV forward; 6NDV for the
-forward GEMM and the two gradient GEMMs — the physical limit of any head fwd+bwd).
+Roles: "ours" (ludic_fast through its public API; `ours-fused` / `ours-generic` are what a user gets, with
+backend "auto": triton on CUDA, torch on CPU; the others force one backend or triton strategy), "reference"
+(materialised logits as a user writes them: `F.linear` then `ludic_fast.reference`), "peer" (Liger, TRL,
+verl, torch's and Apple's linear cross-entropy), "floor" (bare GEMMs: 2NDV forward; 6NDV for the forward
+GEMM and the two gradient GEMMs — the physical limit of any head fwd+bwd).
+
+Rows: every implementation scores the rows the workload needs where its API allows (`Impl.rows`): ours
+and TRL the action positions of an RL batch; Liger's GRPO loss takes the [B, T-1] batch and scores every
+position; the reference materialises logits for all B*T positions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ludic_fast.benchmark.workloads import Inputs, Workload
+from ludic_fast.benchmark.workloads import Inputs, Shape, Workload
 
 Step = Callable[[], dict[str, Tensor]]
 Builder = Callable[[Workload, Inputs], Step]
@@ -40,17 +48,28 @@ class Impl:
     covers: Callable[[Workload], str | None]  # None when the workload is covered, else the reason
     needs: tuple[str, ...] = ()  # packages that must be installed
     cuda_only: bool = False
-    workload_independent: bool = False  # the floors: one measurement per shape serves every workload
+    workload_independent: bool = False  # the floors: one measurement per (shape, scored rows) serves every workload
     useful_ndv: int = 6  # the useful matmul work of one step in units of N*D*V (fwd+bwd: 6; forward only: 2)
+    rows: str = "scored"  # RL batches: "scored" (action rows), "shifted" (all B*(T-1)), "all" (all B*T)
+    cuda_reason: str = "needs CUDA"
+    cuda_kinds: tuple[str, ...] = ()  # workload kinds this implementation runs on CUDA only
+    available: Callable[[], str | None] = lambda: None  # an installed-feature check (None: available)
 
     def unavailable(self, workload: Workload, device: str) -> str | None:
         """Why this implementation cannot run `workload` on `device` (None when it can)."""
-        if self.cuda_only and not device.startswith("cuda"):
-            return "needs CUDA"
+        if (self.cuda_only or workload.kind in self.cuda_kinds) and not device.startswith("cuda"):
+            return self.cuda_reason
         for mod in self.needs:
             if importlib.util.find_spec(mod) is None:
                 return f"{mod} not installed"
-        return self.covers(workload)
+        return self.available() or self.covers(workload)
+
+    def rows_computed(self, workload: Workload, shape: Shape) -> int:
+        """Rows this implementation pushes through the head for `workload` at `shape`."""
+        if not workload.is_loss or self.rows == "scored":
+            return workload.scored_rows(shape)
+        per_seq = shape.seq_tokens - (1 if self.rows == "shifted" else 0)
+        return shape.batch_size * per_seq
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -69,7 +88,11 @@ def _shifted(inp: Inputs) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _head_only(workload: Workload) -> str | None:
-    return None if not workload.is_loss else "head op only"
+    return None if workload.kind == "head" else "head op only"
+
+
+def _ce_only(workload: Workload) -> str | None:
+    return None if workload.kind == "ce" else "cross-entropy only"
 
 
 def _every(workload: Workload) -> str | None:
@@ -77,35 +100,65 @@ def _every(workload: Workload) -> str | None:
 
 
 def _liger_covers(workload: Workload) -> str | None:
-    if not workload.is_loss:
+    if workload.kind == "head":
         return "no entropy output"
-    return None if workload.grpo_args is not None else f"no {workload.name} loss"
+    return None if (workload.kind == "ce" or workload.grpo_args is not None) else f"no {workload.name} loss"
 
 
 def _trl_covers(workload: Workload) -> str | None:
     return None if (not workload.is_loss or workload.grpo_args is not None) else f"no {workload.name} loss"
 
 
+@contextlib.contextmanager
+def _strategy(strategy: str | None) -> Iterator[None]:
+    """Force the triton strategy (the documented LUDIC_FAST_TRITON_STRATEGY switch) for one call."""
+    if strategy is None:
+        yield
+        return
+    old = os.environ.get("LUDIC_FAST_TRITON_STRATEGY")
+    os.environ["LUDIC_FAST_TRITON_STRATEGY"] = strategy
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["LUDIC_FAST_TRITON_STRATEGY"]
+        else:
+            os.environ["LUDIC_FAST_TRITON_STRATEGY"] = old
+
+
 # ------------------------------------------------------------------------------------------ ours
-def _build_ours(backend: str, fused: bool) -> Builder:
-    """Head op: `linear_logprobs` + autograd. Losses: `loss_fn(batch, hidden=, weight=, fused=fused)`."""
+def _build_ours(backend: str, fused: bool, strategy: str | None = None) -> Builder:
+    """Head op: `linear_logprobs` + autograd. SFT: `linear_cross_entropy`. Losses:
+    `loss_fn(batch, hidden=, weight=, fused=fused, backend=backend)`. `strategy` forces the triton one."""
 
     def build(workload: Workload, inp: Inputs) -> Step:
-        from ludic_fast import linear_logprobs
+        from ludic_fast import linear_cross_entropy, linear_logprobs
 
         if workload.is_loss:
             loss_fn = _loss_class("ludic_fast.losses", workload.ours_loss)(**workload.loss_kwargs)
 
             def loss_step() -> dict[str, Tensor]:
-                loss, _ = loss_fn(inp.batch, hidden=inp.hidden, weight=inp.weight, fused=fused, backend=backend)
-                loss.backward()
+                with _strategy(strategy):
+                    loss, _ = loss_fn(inp.batch, hidden=inp.hidden, weight=inp.weight, fused=fused,
+                                      backend=backend)
+                    loss.backward()
                 return _outputs(loss=loss)
 
             return loss_step
+        if workload.kind == "ce":
+
+            def ce_step() -> dict[str, Tensor]:
+                with _strategy(strategy):
+                    loss = linear_cross_entropy(inp.hidden, inp.weight, inp.targets, backend=backend)
+                    loss.backward()
+                return _outputs(loss=loss)
+
+            return ce_step
 
         def head_step() -> dict[str, Tensor]:
-            out = linear_logprobs(inp.hidden, inp.weight, inp.targets, entropy=True, backend=backend)
-            _head_objective(inp, out.logprobs, out.entropy).backward()
+            with _strategy(strategy):
+                out = linear_logprobs(inp.hidden, inp.weight, inp.targets, entropy=True, backend=backend)
+                _head_objective(inp, out.logprobs, out.entropy).backward()
             return _outputs(out.logprobs, out.entropy)
 
         return head_step
@@ -124,7 +177,15 @@ def _ours_covers(workload: Workload) -> str | None:
 
 
 def _ours_fused_covers(workload: Workload) -> str | None:
-    return _ours_covers(workload) if workload.is_loss else "the head op has no loss to fuse (see ours-generic)"
+    if not workload.is_loss:
+        return f"the {workload.name} workload is linear_logprobs / linear_cross_entropy (see ours-generic)"
+    return _ours_covers(workload)
+
+
+def _ours_strategy_covers(workload: Workload) -> str | None:
+    """The strategies are those of the head op (a fused-loss call runs its own chunked schedule): the row
+    workloads, and the losses in generic mode."""
+    return _ours_covers(workload)
 
 
 # ------------------------------------------------------------------------------------------ reference
@@ -140,7 +201,7 @@ def reference_loss(workload: Workload):
 def _build_reference(workload: Workload, inp: Inputs) -> Step:
     from ludic_fast import reference
 
-    if not workload.is_loss:
+    if workload.kind == "head":
 
         def head_step() -> dict[str, Tensor]:
             out = reference.logprobs_from_logits(F.linear(inp.hidden, inp.weight), inp.targets)
@@ -148,6 +209,14 @@ def _build_reference(workload: Workload, inp: Inputs) -> Step:
             return _outputs(out.logprobs, out.entropy)
 
         return head_step
+    if workload.kind == "ce":
+
+        def ce_step() -> dict[str, Tensor]:
+            loss = F.cross_entropy(F.linear(inp.hidden, inp.weight).float(), inp.targets)
+            loss.backward()
+            return _outputs(loss=loss)
+
+        return ce_step
     loss_fn = reference_loss(workload)
 
     def loss_step() -> dict[str, Tensor]:
@@ -160,10 +229,24 @@ def _build_reference(workload: Workload, inp: Inputs) -> Step:
 
 # ------------------------------------------------------------------------------------------ peers
 def _build_liger(workload: Workload, inp: Inputs) -> Step:
+    """GRPO family: `LigerFusedLinearGRPOLoss` on the [B, T-1] batch (it scores every position). SFT:
+    `LigerFusedLinearCrossEntropyLoss`. torch.compile as Liger ships it on CUDA; off on CPU, where it only
+    touches Liger's O(N) loss math and costs ~40 s per shape."""
+    compiled = inp.hidden.is_cuda
+    if workload.kind == "ce":
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        ce = LigerFusedLinearCrossEntropyLoss()
+
+        def ce_step() -> dict[str, Tensor]:
+            loss = ce(inp.weight, inp.hidden, inp.targets)
+            loss.backward()
+            return _outputs(loss=loss)
+
+        return ce_step
     from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 
-    # compiled=False: torch.compile only touches Liger's O(N) loss math and costs ~40 s per shape on CPU
-    loss_fn = LigerFusedLinearGRPOLoss(beta=0.0, use_ref_model=False, compiled=False, **workload.grpo_args)
+    loss_fn = LigerFusedLinearGRPOLoss(beta=0.0, use_ref_model=False, compiled=compiled, **workload.grpo_args)
     h, y, mask = _shifted(inp)
     old = inp.batch["actor_logps"][:, 1:]
 
@@ -195,15 +278,16 @@ def trl_policy_loss(lp: Tensor, batch: dict[str, Tensor], args: dict) -> Tensor:
 
 
 def _build_trl(workload: Workload, inp: Inputs) -> Step:
+    """`ChunkedLogProbFunction` (TRL's head): the head op with entropy; SFT as -mean logprob; the GRPO
+    family on the action rows only (gathered inside the step, as ours selects them inside its call), its
+    logprobs scattered back to [B, T-1] for TRL's loss math."""
     from trl.kernels import ChunkedLogProbFunction
 
-    def head(h: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        lp, ent, *_ = ChunkedLogProbFunction.apply(
-            h, inp.weight, None, y, 1.0, TRL_VOCAB_CHUNK, None, 1.0, ("entropy",)
-        )
+    def head(h: Tensor, y: Tensor, outputs: tuple[str, ...] = ("entropy",)) -> tuple[Tensor, Tensor]:
+        lp, ent, *_ = ChunkedLogProbFunction.apply(h, inp.weight, None, y, 1.0, TRL_VOCAB_CHUNK, None, 1.0, outputs)
         return lp, ent
 
-    if not workload.is_loss:
+    if workload.kind == "head":
 
         def head_step() -> dict[str, Tensor]:
             lp, ent = head(inp.hidden, inp.targets)
@@ -211,17 +295,57 @@ def _build_trl(workload: Workload, inp: Inputs) -> Step:
             return _outputs(lp, ent)
 
         return head_step
+    if workload.kind == "ce":
+
+        def ce_step() -> dict[str, Tensor]:
+            lp, _ = head(inp.hidden, inp.targets, ())
+            loss = -lp.mean()
+            loss.backward()
+            return _outputs(loss=loss)
+
+        return ce_step
     h, y, mask = _shifted(inp)
 
     def loss_step() -> dict[str, Tensor]:
-        # off Triton devices TRL scores every position and zeroes the masked ones afterwards
-        lp, _ = head(h.reshape(-1, h.shape[-1]), y.reshape(-1))
-        lp = lp.view(mask.shape).masked_fill(mask == 0, 0.0)
+        keep = mask.reshape(-1) > 0
+        lp_rows, _ = head(h.reshape(-1, h.shape[-1])[keep], y.reshape(-1)[keep], ())
+        lp = torch.zeros(mask.shape, dtype=lp_rows.dtype, device=lp_rows.device).masked_scatter(mask > 0, lp_rows)
         loss = trl_policy_loss(lp, inp.batch, workload.grpo_args)
         loss.backward()
         return _outputs(loss=loss)
 
     return loss_step
+
+
+def _torch_lce_available() -> str | None:
+    if not hasattr(F, "linear_cross_entropy") or not hasattr(torch.nn, "LinearCrossEntropyOptions"):
+        return f"torch {torch.__version__} has no torch.nn.functional.linear_cross_entropy (PyTorch >= 2.13)"
+    return None
+
+
+def _build_torch_lce(workload: Workload, inp: Inputs) -> Step:
+    """PyTorch's chunked `F.linear_cross_entropy` (options=LinearCrossEntropyOptions(): its auto policy)."""
+    options = torch.nn.LinearCrossEntropyOptions()
+
+    def step() -> dict[str, Tensor]:
+        loss = F.linear_cross_entropy(inp.hidden, inp.weight, inp.targets, options=options)
+        loss.backward()
+        return _outputs(loss=loss)
+
+    return step
+
+
+def _build_cce(workload: Workload, inp: Inputs) -> Step:
+    """Apple's Cut Cross-Entropy (`cut_cross_entropy.linear_cross_entropy`, its defaults: impl "cce",
+    gradient filtering filter_eps="high")."""
+    from cut_cross_entropy import linear_cross_entropy
+
+    def step() -> dict[str, Tensor]:
+        loss = linear_cross_entropy(inp.hidden, inp.weight, inp.targets)
+        loss.backward()
+        return _outputs(loss=loss)
+
+    return step
 
 
 def _build_verl(workload: Workload, inp: Inputs) -> Step:
@@ -238,28 +362,35 @@ def _build_verl(workload: Workload, inp: Inputs) -> Step:
 
 
 # ------------------------------------------------------------------------------------------ floors
-def _flat(inp: Inputs) -> Tensor:
-    return inp.hidden.reshape(-1, inp.hidden.shape[-1])
+def _rows(workload: Workload, inp: Inputs) -> Tensor:
+    """The hidden rows the workload scores: all N of a row workload, the action rows of an RL batch (taken
+    once at build time: the floor is the bare GEMMs of those rows)."""
+    if not workload.is_loss:
+        return inp.hidden
+    h, _, mask = _shifted(inp)
+    return h.reshape(-1, h.shape[-1])[mask.reshape(-1) > 0].detach()
 
 
 def _build_gemm_fwd_bwd(workload: Workload, inp: Inputs) -> Step:
     """z = h W^T (the logits, 2NDV); then z stands in for dL/dz: dh = z W, dW = z^T h (4NDV)."""
+    h = _rows(workload, inp)
 
     def step() -> dict[str, Tensor]:
         with torch.no_grad():
-            h = _flat(inp)
             z = h @ inp.weight.T
-            inp.hidden.grad = (z @ inp.weight).view_as(inp.hidden)
-            inp.weight.grad = z.T @ h
+            z @ inp.weight  # dh
+            z.T @ h  # dW
         return {}
 
     return step
 
 
 def _build_gemm_fwd(workload: Workload, inp: Inputs) -> Step:
+    h = _rows(workload, inp)
+
     def step() -> dict[str, Tensor]:
         with torch.no_grad():
-            _flat(inp) @ inp.weight.T
+            h @ inp.weight.T
         return {}
 
     return step
@@ -268,19 +399,32 @@ def _build_gemm_fwd(workload: Workload, inp: Inputs) -> Step:
 IMPLS: dict[str, Impl] = {
     i.name: i
     for i in (
-        Impl("ours-fused", "ours", "ludic_fast.losses, hidden=/weight= (fused-loss mode: 6NDV, coupled 8NDV)",
-             _build_ours("torch", fused=True), _ours_fused_covers),
-        Impl("ours-generic", "ours", "ludic_fast.linear_logprobs (torch backend) + autograd (8NDV)",
-             _build_ours("torch", fused=False), _ours_covers),
-        Impl("ours-triton", "ours", "ludic_fast.linear_logprobs, triton backend + autograd",
-             _build_ours("triton", fused=False), _ours_covers, cuda_only=True),
+        Impl("ours-fused", "ours", "ludic_fast.losses, hidden=/weight= (fused-loss mode, backend auto: 6NDV, "
+             "coupled 8NDV): what a loss user gets", _build_ours("auto", fused=True), _ours_fused_covers),
+        Impl("ours-generic", "ours", "ludic_fast.linear_logprobs / linear_cross_entropy + autograd (backend auto); "
+             "losses with fused=False (8NDV)", _build_ours("auto", fused=False), _ours_covers),
+        Impl("ours-triton-fused", "ours", "as ours-generic, triton backend, fused strategy forced (tl.dot tiles, "
+             "no workspace)", _build_ours("triton", fused=False, strategy="fused"), _ours_strategy_covers,
+             cuda_only=True),
+        Impl("ours-triton-workspace", "ours", "as ours-generic, triton backend, workspace strategy forced "
+             "(cuBLAS GEMM chunks + Triton row kernel)", _build_ours("triton", fused=False, strategy="workspace"),
+             _ours_strategy_covers, cuda_only=True),
+        Impl("ours-torch", "ours", "the user's default call (as ours-fused / ours-generic) on the torch backend",
+             _build_ours("torch", fused=True), _ours_covers, cuda_only=True,
+             cuda_reason="on CPU backend auto is torch: ours-fused / ours-generic are this"),
         Impl("reference", "reference", "F.linear logits [N, V] + ludic_fast.reference", _build_reference,
-             _every),
-        Impl("liger", "peer", "Liger LigerFusedLinearGRPOLoss (chunked, torch ops)", _build_liger,
-             _liger_covers, needs=("liger_kernel",)),
-        Impl("trl", "peer", "TRL 1.16 trl.kernels.ChunkedLogProbFunction (+ TRL's loss math)", _build_trl,
-             _trl_covers, needs=("trl",)),
+             _every, rows="all"),
+        Impl("liger", "peer", "Liger LigerFusedLinearGRPOLoss / LigerFusedLinearCrossEntropyLoss (chunked; "
+             "the GRPO loss scores every position of [B, T-1])", _build_liger, _liger_covers,
+             needs=("liger_kernel",), rows="shifted", cuda_kinds=("ce",),
+             cuda_reason="Liger's fused linear cross-entropy is a Triton kernel: needs CUDA"),
+        Impl("trl", "peer", "TRL trl.kernels.ChunkedLogProbFunction on the scored rows (+ TRL's loss math)",
+             _build_trl, _trl_covers, needs=("trl",)),
         Impl("verl", "peer", "verl FusedLinearForPPO (torch)", _build_verl, _head_only, needs=("verl",)),
+        Impl("torch-lce", "peer", "torch.nn.functional.linear_cross_entropy, chunked (LinearCrossEntropyOptions())",
+             _build_torch_lce, _ce_only, available=_torch_lce_available),
+        Impl("cce", "peer", "Apple Cut Cross-Entropy cut_cross_entropy.linear_cross_entropy (defaults)",
+             _build_cce, _ce_only, needs=("cut_cross_entropy",), cuda_only=True),
         Impl("gemm-fwd+bwd", "floor", "bare GEMMs z=hW^T, dh=zW, dW=z^T h (6NDV)", _build_gemm_fwd_bwd, _every,
              workload_independent=True),
         Impl("gemm-fwd", "floor", "bare forward GEMM z=hW^T (2NDV)", _build_gemm_fwd, _every,
@@ -292,8 +436,8 @@ FLOOR = "gemm-fwd+bwd"
 
 #: Modules the builders import. The worker imports every installed one before measuring, so each process
 #: carries the same runtime and peak-RSS figures compare the implementations, not their imports.
-PRELOAD = ("ludic_fast.losses", "liger_kernel.chunked_loss", "trl.kernels", "trl.trainer.utils",
-    "verl.utils.experimental.torch_functional")
+PRELOAD = ("ludic_fast.losses", "liger_kernel.chunked_loss", "liger_kernel.transformers", "trl.kernels",
+           "trl.trainer.utils", "verl.utils.experimental.torch_functional", "cut_cross_entropy")
 
 
 def preload() -> None:

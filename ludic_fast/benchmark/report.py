@@ -1,13 +1,17 @@
 """Markdown tables and PNG plots of benchmark results.
 
-Per (shape, workload) the results table lists every implementation with median / min time, peak memory,
-memory above the inputs, the ratios time / reference, time / GEMM floor (the three bare GEMMs, 6NDV),
-peak / reference, and the max errors against the float64 reference. The "ours vs" table gives every
-ratio of each of our modes against every other implementation (time and peak memory), with the goals of
-issue 9 for the fused-loss mode:
+Per (shape, workload) the results table lists every implementation with the rows it pushes through the
+head, median / min time, µs per scored row (the same denominator for every implementation: the rows the
+workload needs), peak memory, extra memory over the inputs, the ratios time / reference, time / GEMM floor
+(the three bare GEMMs of the scored rows, 6NDV), peak / reference, and the max errors against the float64
+reference. The "ours vs" table gives every ratio of each of our modes against every other implementation
+(time and peak memory), with the project's goals for the fused-loss mode at the shape they are stated for
+(`GOAL_SHAPES`: the CPU key table, N=2048 D=896 V=151936 fp32):
 
     time  <= 1.0 x bare GEMMs,  <= 0.75 x reference,  <= 0.6 x Liger,  <= 0.5 x TRL
     peak  <= 0.3 x reference,   <= 0.6 x Liger         (stretch: inputs + gradients + 15% above the runtime)
+
+Plots draw each implementation in one colour everywhere (`colour`).
 """
 
 from __future__ import annotations
@@ -17,13 +21,51 @@ from pathlib import Path
 
 from ludic_fast.benchmark.impls import FLOOR, IMPLS
 from ludic_fast.benchmark.runner import CaseResult
-from ludic_fast.benchmark.workloads import Shape
+from ludic_fast.benchmark.workloads import WORKLOADS, Shape
 
 TIME_GOALS = {FLOOR: 1.0, "reference": 0.75, "liger": 0.6, "trl": 0.5}
 MEMORY_GOALS = {"reference": 0.3, "liger": 0.6}
 GOAL_MODE = "ours-fused"
+#: (N, D, V, dtype) where the goals are stated; elsewhere the ratios are shown without a verdict
+GOAL_SHAPES = {(2048, 896, 151936, "float32")}
 STRETCH_FACTOR = 1.15
 _GIB = 2**30
+#: tab20 colours in a fixed order: one colour per implementation in every plot
+_PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+            "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94"]
+
+
+def colour(impl: str) -> str:
+    """The plot colour of an implementation: fixed by its place in `IMPLS` (names no longer registered,
+    from older results files, share a neutral grey)."""
+    names = list(IMPLS)
+    return _PALETTE[names.index(impl) % len(_PALETTE)] if impl in IMPLS else "#4d4d4d"
+
+
+def goals_apply(shape: Shape) -> bool:
+    """Whether the project's goals are stated for this shape."""
+    return (shape.n_tokens, shape.d, shape.v, shape.dtype) in GOAL_SHAPES
+
+
+def scored_rows(r: CaseResult) -> int:
+    """Rows the workload needs scored (the µs/row denominator, the same for every implementation)."""
+    return WORKLOADS[r.workload].scored_rows(r.shape) if r.workload in WORKLOADS else r.shape.n_tokens
+
+
+def rows_computed(r: CaseResult) -> int:
+    """Rows this implementation pushes through the head."""
+    if r.impl in IMPLS and r.workload in WORKLOADS:
+        return IMPLS[r.impl].rows_computed(WORKLOADS[r.workload], r.shape)
+    return r.shape.n_tokens
+
+
+def us_per_row(r: CaseResult) -> float | None:
+    return None if r.median_s is None else r.median_s * 1e6 / max(1, scored_rows(r))
+
+
+def extra_bytes(r: CaseResult) -> int | None:
+    """Peak memory over what was allocated when the inputs were ready (CUDA: the inputs themselves)."""
+    return None if r.peak_bytes is None or r.base_bytes is None else r.peak_bytes - r.base_bytes
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -48,9 +90,10 @@ def _ok(group: dict[str, CaseResult], name: str) -> CaseResult | None:
 
 
 def useful_flops(r: CaseResult) -> float:
-    """The matmul work a step needs (6NDV for forward+backward, 2NDV for the forward GEMM alone); a
-    backward that recomputes the logits does 8NDV in the same time, so its rate reads lower."""
-    return IMPLS[r.impl].useful_ndv * float(r.shape.n_tokens * r.shape.d * r.shape.v)
+    """The matmul work a step needs on the scored rows N (6NDV for forward+backward, 2NDV for the forward
+    GEMM alone); a backward that recomputes the logits does 8NDV in the same time, so its rate reads lower."""
+    ndv = IMPLS[r.impl].useful_ndv if r.impl in IMPLS else 6
+    return ndv * float(scored_rows(r) * r.shape.d * r.shape.v)
 
 
 def io_bytes(shape: Shape) -> int:
@@ -76,8 +119,9 @@ def results_table(group: dict[str, CaseResult]) -> str:
     """One markdown table: every implementation of one (shape, workload)."""
     ref, floor = _ok(group, "reference"), _ok(group, FLOOR)
     header = (
-        "| implementation | median s | min s | useful TFLOP/s | peak GiB | above runtime GiB | time × ref "
-        "| time × GEMMs | peak × ref | err logprob | err entropy | err loss | err dh (rel) | err dW (rel) |"
+        "| implementation | rows | median s | min s | µs/row | useful TFLOP/s | peak GiB | extra GiB "
+        "| above runtime GiB | time × ref | time × GEMMs | peak × ref | err logprob | err entropy | err loss "
+        "| err dh (rel) | err dW (rel) |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     not_run = [f"{name} ({r.status}: {r.reason})" for name, r in group.items() if r.status != "ok"]
@@ -85,12 +129,16 @@ def results_table(group: dict[str, CaseResult]) -> str:
         if r.status != "ok":
             continue
         e = r.errors
+        extra = extra_bytes(r)
         cells = [
             name,
+            str(rows_computed(r)),
             _fmt(r.median_s),
             _fmt(r.min_s),
+            _fmt(us_per_row(r), ".3g"),
             _fmt(useful_flops(r) / r.median_s / 1e12, ".3g"),
             _fmt(r.peak_bytes / _GIB, ".2f"),
+            _fmt(None if extra is None else extra / _GIB, ".2f"),
             _fmt(None if above_runtime(r) is None else above_runtime(r) / _GIB, ".2f"),
             _fmt(_ratio(r.median_s, ref and ref.median_s), ".2f"),
             _fmt(_ratio(r.median_s, floor and floor.median_s), ".2f"),
@@ -125,7 +173,7 @@ def ours_table(group: dict[str, CaseResult]) -> str:
     for name, r in group.items():
         if r.role != "ours" or r.status != "ok":
             continue
-        goals = name == GOAL_MODE
+        goals = name == GOAL_MODE and goals_apply(r.shape)
         for other in others:
             o = group[other]
             t, m = _ratio(r.median_s, o.median_s), _ratio(r.peak_bytes, o.peak_bytes)
@@ -148,12 +196,19 @@ def markdown_report(results: list[CaseResult], meta: dict[str, str]) -> str:
     lines += [f"- {k}: {v}" for k, v in meta.items()]
     lines += [
         "",
-        "Times are forward+backward of one step (median and min of the timed runs after warm-up), each",
-        "implementation in its own process. Peak = process peak RSS (CPU) / max_memory_allocated (CUDA) from",
-        "the moment the inputs were built; *above runtime* = peak minus the process's RSS before the inputs.",
+        "Times are forward+backward of one step (median and min of the timed runs after warm-up; CUDA events",
+        "on a GPU). Peak = process peak RSS (CPU, each implementation in its own process) / max_memory_allocated",
+        "(CUDA) from the moment the inputs were built; *extra* = peak minus what was allocated then (on CUDA",
+        "the inputs: extra is the gradients and every transient); *above runtime* = peak minus the process's",
+        "RSS before the inputs, plus the inputs. *rows* = rows the implementation pushes through the head: an",
+        "RL workload needs only its action rows scored (ours and TRL score those; Liger's GRPO loss takes the",
+        "[B, T−1] batch and scores every position; the reference materialises all B·T logits rows); µs/row",
+        "divides by the rows the workload needs, the same for every implementation.",
         "Errors are max |x − float64 reference| on a sub-sample (gradients relative to max |reference|).",
-        "GEMMs = the three bare GEMMs (z = hWᵀ, dh = zW, dW = zᵀh: 6NDV), the physical floor. Useful TFLOP/s",
-        "counts 6NDV per fwd+bwd step (2NDV for gemm-fwd); a backward that recomputes logits does 8NDV then.",
+        "GEMMs = the three bare GEMMs of the scored rows (z = hWᵀ, dh = zW, dW = zᵀh: 6NDV), the physical",
+        "floor. Useful TFLOP/s counts 6NDV per fwd+bwd step over the scored rows (2NDV for gemm-fwd); a",
+        "backward that recomputes logits does 8NDV then. Goal verdicts appear only at the shapes the goals",
+        "are stated for (" + ", ".join(f"N={n} D={d} V={v} {dt}" for n, d, v, dt in sorted(GOAL_SHAPES)) + ").",
     ]
     for (shape, workload), group in groups(results).items():
         lines += ["", f"## {workload} — {shape.label()}", "", results_table(group), "", ours_table(group)]
@@ -180,14 +235,14 @@ def plot_scaling(results: list[CaseResult], workload: str, axis: str, path: str 
     if len({key(r.shape) for r in rows}) < 2:
         return False
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name in IMPLS:
+    for name in [*IMPLS, *sorted({r.impl for r in rows} - set(IMPLS))]:
         pts = sorted((key(r.shape), r.median_s, transient_bytes(r) / _GIB) for r in rows if r.impl == name)
         if not pts:
             continue
         xs = [p[0] for p in pts]
-        style = "--" if IMPLS[name].role == "floor" else "-"
-        ax_t.plot(xs, [p[1] for p in pts], style, marker="o", label=name)
-        ax_m.plot(xs, [p[2] for p in pts], style, marker="o", label=name)
+        style = "--" if name in IMPLS and IMPLS[name].role == "floor" else "-"
+        ax_t.plot(xs, [p[1] for p in pts], style, marker="o", label=name, color=colour(name))
+        ax_m.plot(xs, [p[2] for p in pts], style, marker="o", label=name, color=colour(name))
     label = "N (tokens)" if axis == "n" else "V (vocabulary)"
     other = f"D={fixed[0]} {'V' if axis == 'n' else 'N'}={fixed[1]} {fixed[2]}"
     ax_t.set(xlabel=label, ylabel="fwd+bwd time, s (median)", title=f"{workload}: time ({other})")
@@ -204,3 +259,18 @@ def plot_scaling(results: list[CaseResult], workload: str, axis: str, path: str 
 
 def _most_common(items: list[tuple]) -> tuple | None:
     return max(set(items), key=items.count) if items else None
+
+
+def summary_table(results: list[CaseResult]) -> str:
+    """The key table printed at the end of a run: per (workload, shape) every implementation's median
+    time, µs per scored row, extra memory over the inputs, or why it did not run."""
+    lines = ["| workload | shape | implementation | median ms | µs/row | extra GiB | status |",
+             "|---|---|---|---|---|---|---|"]
+    for (shape, workload), group in groups(results).items():
+        for name, r in group.items():
+            extra = extra_bytes(r)
+            status = "ok" if r.status == "ok" else f"{r.status}: {r.reason}"
+            lines.append(f"| {workload} | {shape.label()} | {name} | {_fmt(r.median_s and r.median_s * 1e3, '.2f')} "
+                         f"| {_fmt(us_per_row(r), '.3g')} | {_fmt(None if extra is None else extra / _GIB, '.2f')} "
+                         f"| {status} |")
+    return "\n".join(lines)

@@ -1,7 +1,10 @@
 """Run benchmark cases, each in a fresh Python process so that peak memory belongs to one implementation.
 
 `run_case` spawns `python -m ludic_fast.benchmark.worker <spec>` with the thread count pinned
-(`torch.set_num_threads`, OMP/MKL variables) and parses its one RESULT line; `run_suite` walks
+(`torch.set_num_threads`, OMP/MKL variables) and parses its one RESULT line, or, with `one_process` (the
+GPU presets: the CUDA allocator's peak is reset per case, so one process measures each case's own peak),
+measures in this process, recording any exception (out of memory, a compile error) as the case's failure
+and freeing the device before the next case; `run_suite` walks
 implementations x workloads x shapes, skipping what an implementation does not cover (with the reason)
 and measuring the workload-independent GEMM floors once per shape.
 """
@@ -9,6 +12,7 @@ and measuring the workload-independent GEMM floors once per shape.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import subprocess
@@ -16,6 +20,8 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from ludic_fast.benchmark.impls import get_impl
 from ludic_fast.benchmark.worker import RESULT_PREFIX, measure
@@ -33,7 +39,7 @@ class Options:
     check_tokens: int = 256
     seed: int = 0
     timeout_s: float = 3600.0
-    in_process: bool = False  # tests only: measure here instead of in a subprocess (peak memory is then shared)
+    in_process: bool = False  # measure here, not in a subprocess (CPU: tests only, the RSS peak is then shared)
 
 
 @dataclass
@@ -95,6 +101,22 @@ def _subprocess_measure(spec: dict[str, Any], opts: Options) -> dict[str, Any]:
     raise RuntimeError(f"worker exited {proc.returncode}: " + " | ".join(tail))
 
 
+def _in_process_measure(spec: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """`measure` here; an exception becomes (None, 'Type: message'). Afterwards the device memory is
+    released and torch.compile's caches are reset, so every case starts alike (a peer compiled at many
+    shapes would otherwise reach dynamo's recompile limit and silently run uncompiled)."""
+    try:
+        return measure(spec), None
+    except Exception as exc:  # a peer's failure of any kind is a result to report, not a crash of the suite
+        return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if "torch._dynamo" in sys.modules:
+            sys.modules["torch._dynamo"].reset()
+
+
 def run_case(impl: str, workload: str, shape: Shape, opts: Options) -> CaseResult:
     """Measure one case (or say why it is skipped / how it failed)."""
     info = get_impl(impl)
@@ -104,10 +126,15 @@ def run_case(impl: str, workload: str, shape: Shape, opts: Options) -> CaseResul
         base.reason = why
         return base
     spec = _spec(impl, workload, shape, opts)
-    try:
-        data = measure(spec) if opts.in_process else _subprocess_measure(spec, opts)
-    except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
-        base.status, base.reason = "failed", str(exc)[-500:]
+    if opts.in_process:
+        data, failure = _in_process_measure(spec)
+    else:
+        try:
+            data, failure = _subprocess_measure(spec, opts), None
+        except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
+            data, failure = None, str(exc)[-500:]
+    if data is None:
+        base.status, base.reason = "failed", failure or "no result"
         return base
     return dataclasses.replace(
         base,
@@ -128,20 +155,22 @@ def run_suite(
     opts: Options,
     log: Callable[[str], None] = print,
 ) -> list[CaseResult]:
-    """Every implementation on every workload and shape; floors once per shape, reused for each workload."""
+    """Every implementation on every workload and shape; the floors once per shape and scored-row count,
+    reused for each workload that scores as many rows."""
     impls, workloads = list(impls), list(workloads)
     results: list[CaseResult] = []
     for shape in shapes:
-        floor_cache: dict[str, CaseResult] = {}
+        floor_cache: dict[tuple[str, int], CaseResult] = {}
         for workload in workloads:
             for impl in impls:
-                cached = floor_cache.get(impl)
+                key = (impl, get_workload(workload).scored_rows(shape))
+                cached = floor_cache.get(key)
                 if cached is not None:
                     results.append(dataclasses.replace(cached, workload=workload))
                     continue
                 res = run_case(impl, workload, shape, opts)
                 if get_impl(impl).workload_independent and res.status == "ok":
-                    floor_cache[impl] = res
+                    floor_cache[key] = res
                 results.append(res)
                 log(_log_line(res))
     return results

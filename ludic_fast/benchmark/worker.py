@@ -1,10 +1,13 @@
-"""Measure one (implementation, workload, shape) case; run by the runner in a process of its own.
+"""Measure one (implementation, workload, shape) case; run by the runner in a process of its own (CPU) or
+in the runner's process (`Options.in_process`, the GPU presets).
 
-Timing: `warmup` untimed runs, then `repeats` timed forward+backward runs (device synchronised); the
-result keeps every time, their median and minimum. Peak memory: on CPU the process's peak resident set
-(VmHWM) since the inputs were built (the peak is reset then, so it counts the inputs, the gradients and
-every transient of the runs, not the setup); on CUDA `torch.cuda.max_memory_allocated` since the same
-point. Errors: after timing, the implementation runs once more on a sub-sample (the first `check_tokens`
+Timing: `warmup` untimed runs, then `repeats` timed forward+backward runs (on CUDA between two CUDA
+events, on CPU by the host clock); the result keeps every time, their median and minimum. Peak memory: on
+CPU the process's peak resident set (VmHWM) since the inputs were built (the peak is reset then, so it
+counts the inputs, the gradients and every transient of the runs, not the setup); on CUDA
+`torch.cuda.max_memory_allocated` since the same point, and `base_bytes` the memory allocated then (the
+inputs), so peak - base is the extra memory of the step (gradients and transients).
+Errors: after timing, the implementation runs once more on a sub-sample (the first `check_tokens`
 tokens, or the sequences that hold them) and its logprob / entropy / loss / gradients are compared with
 the float64 reference (`ludic_fast.reference` on float64 hidden and weight) as max |difference|; the
 gradients also relative to max |reference|.
@@ -29,11 +32,6 @@ from ludic_fast.benchmark.impls import get_impl, preload, reference_loss
 from ludic_fast.benchmark.workloads import Inputs, Shape, Workload, get_workload, make_inputs
 
 RESULT_PREFIX = "RESULT "
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def _status_kib(field: str) -> int | None:
@@ -80,10 +78,15 @@ class PeakMemory:
 def _run_once(step, inp: Inputs, device: str) -> tuple[float, dict[str, Tensor]]:
     for leaf in inp.leaves():
         leaf.grad = None
-    _sync(device)
+    if device.startswith("cuda"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = step()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3, out
     t0 = time.perf_counter()
     out = step()
-    _sync(device)
     return time.perf_counter() - t0, out
 
 
@@ -93,8 +96,12 @@ def _reference64(workload: Workload, sub: Inputs) -> tuple[dict[str, Tensor], Te
 
     h = sub.hidden.detach().double().requires_grad_()
     w = sub.weight.detach().double().requires_grad_()
-    if workload.is_loss:
-        loss, _ = reference_loss(workload)(sub.batch, logits=F.linear(h, w))
+    if workload.is_loss or workload.kind == "ce":
+        logits = F.linear(h, w)
+        if workload.kind == "ce":
+            loss = F.cross_entropy(logits, sub.targets)
+        else:
+            loss, _ = reference_loss(workload)(sub.batch, logits=logits)
         loss.backward()
         return {"loss": loss.detach()}, h.grad, w.grad
     out = reference.linear_logprobs(h, w, sub.targets)

@@ -1,8 +1,9 @@
 """Benchmark workloads: shapes, deterministic inputs, and the float64 reference of each workload.
 
 A workload is one of the head op (per-token logprob + entropy with fixed random upstream gradients,
-objective `sum_t g_lp[t] logprob_t + g_H[t] H_t`) or an RL policy loss in Ludic's batch layout (position t
-of `hidden` scores token t+1). Every implementation of a workload computes the same numbers: the batch is
+objective `sum_t g_lp[t] logprob_t + g_H[t] H_t`), the SFT cross-entropy (mean over tokens of -log p(y_t),
+on the same [N, D] rows), or an RL policy loss in Ludic's batch layout (position t of `hidden` scores token
+t+1; only action positions are scored). Every implementation of a workload computes the same numbers: the batch is
 built so that the peers' normalisers (Liger's and TRL's token mean over the batch) equal Ludic's
 (every sequence has the same number of action tokens).
 
@@ -76,6 +77,7 @@ class Workload:
 
     name: str
     description: str
+    kind: str = "rl"  # "head" (the head op), "ce" (SFT cross-entropy on rows) or "rl" (a loss on a Ludic batch)
     reference_loss: str | None = None
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
     ours_loss: str | None = None
@@ -83,13 +85,27 @@ class Workload:
 
     @property
     def is_loss(self) -> bool:
-        return self.name != "head"
+        """An RL loss on a Ludic batch ([B, T, D] hidden); False for the row workloads (head op, SFT CE)."""
+        return self.kind == "rl"
+
+    def scored_rows(self, shape: Shape) -> int:
+        """Rows the workload needs scored: every token of the row workloads; the action positions of an RL
+        batch (positions 1..T-1 whose next token is an action: T - prompt per sequence)."""
+        if not self.is_loss:
+            return shape.n_tokens
+        return shape.batch_size * (shape.seq_tokens - prompt_tokens(shape.seq_tokens))
+
+
+def prompt_tokens(seq_tokens: int) -> int:
+    """The prompt length of each benchmark sequence: the first quarter (at least one token)."""
+    return max(1, seq_tokens // 4)
 
 
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
-        Workload("head", "head op: per-token logprob + entropy, fwd+bwd of sum(g_lp*lp + g_H*H)"),
+        Workload("head", "head op: per-token logprob + entropy, fwd+bwd of sum(g_lp*lp + g_H*H)", kind="head"),
+        Workload("sft", "SFT cross-entropy: mean over the N rows of -log p(y), fwd+bwd", kind="ce"),
         Workload(
             "cispo",
             "CISPO (Ludic CISPOLoss defaults: eps_high=0.2, length-normalised)",
@@ -162,8 +178,9 @@ class Inputs:
         )
 
     def head_rows(self, k: int) -> Inputs:
-        """The first k tokens of a head-op input (the error check's sub-sample)."""
-        return Inputs(self.hidden[:k], self.weight, self.targets[:k], self.g_lp[:k], self.g_h[:k])
+        """The first k tokens of a row input (head op, SFT CE: the error check's sub-sample)."""
+        cut = [None if g is None else g[:k] for g in (self.g_lp, self.g_h)]
+        return Inputs(self.hidden[:k], self.weight, self.targets[:k], *cut)
 
     def sequences(self, k: int) -> Inputs:
         """The first k sequences of a loss input (the error check's sub-sample)."""
@@ -180,15 +197,16 @@ def make_inputs(workload: str, shape: Shape, seed: int = 0, device: str | torch.
     hidden = torch.randn(N, D, generator=g)
     weight = torch.randn(V, D, generator=g).mul_(LOGIT_STD / math.sqrt(D))
     ids = torch.randint(0, V, (N,), generator=g)
-    if not get_workload(workload).is_loss:
+    kind = get_workload(workload).kind
+    if kind != "rl":
         g_lp = torch.randn(N, generator=g)
         g_h = torch.randn(N, generator=g)
         return Inputs(
             hidden.to(device=device, dtype=dt),
             weight.to(device=device, dtype=dt),
             ids.to(device),
-            g_lp.to(device),
-            g_h.to(device),
+            g_lp.to(device) if kind == "head" else None,
+            g_h.to(device) if kind == "head" else None,
         )
     input_ids = ids.reshape(B, T)
     h3 = hidden.reshape(B, T, D)
@@ -205,7 +223,7 @@ def _ludic_batch(hidden: Tensor, weight: Tensor, input_ids: Tensor, g: torch.Gen
     """Ludic batch: the first quarter of each sequence is prompt (action_mask 0), the rest actions."""
     B, T = input_ids.shape
     V = weight.shape[0]
-    prompt = max(1, T // 4)
+    prompt = prompt_tokens(T)
     action_mask = torch.zeros(B, T, dtype=torch.long)
     action_mask[:, prompt:] = 1
     target_logit = torch.einsum("btd,btd->bt", hidden[:, :-1], weight[input_ids[:, 1:]])
