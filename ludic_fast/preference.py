@@ -222,7 +222,8 @@ class KTOLoss(HeadLoss):
     loss_b = λ_D (1 - σ(β (r_b - z_0))) for desirable, λ_U (1 - σ(β (z_0 - r_b))) for undesirable;
     loss = Σ_b loss_b / #labelled. A precomputed batch['kto_kl'] (0-d) replaces the in-batch estimate of
     z_0 (0 when neither is there).
-    Defaults β = 0.1, λ_D = λ_U = 1 (the paper's). Rewards β r."""
+    Defaults β = 0.1, λ_D = λ_U = 1 (the paper's). Rewards β r: mean over desirable (rewards_chosen) and
+    undesirable (rewards_rejected) examples, rewards_margin their difference."""
 
     beta: float = 0.1
     desirable_weight: float = 1.0
@@ -262,12 +263,10 @@ class KTOLoss(HeadLoss):
         if not with_stats:
             return loss, {}
         rewards = self.beta * r.detach()
-        return loss, {
-            "loss": loss,
-            "rewards_chosen": (rewards * good).sum() / good.sum().clamp(min=1.0),
-            "rewards_rejected": (rewards * bad).sum() / bad.sum().clamp(min=1.0),
-            "kl": z0.detach(),
-        }
+        chosen = (rewards * good).sum() / good.sum().clamp(min=1.0)
+        rejected = (rewards * bad).sum() / bad.sum().clamp(min=1.0)
+        return loss, {"loss": loss, "rewards_chosen": chosen, "rewards_rejected": rejected,
+                      "rewards_margin": chosen - rejected, "kl": z0.detach()}
 
 
 __all__ = ["DPOLoss", "IPOLoss", "SimPOLoss", "ORPOLoss", "KTOLoss", "log1mexp"]

@@ -165,10 +165,10 @@ class KTOLoss(_Ref):
         loss = losses.sum() / max(1, losses.numel())
         rewards = self.beta * r.detach()
         zero = torch.zeros((), dtype=r.dtype)
-        return loss, {"loss": loss,
-                      "rewards_chosen": rewards[good].mean() if good.any() else zero,
-                      "rewards_rejected": rewards[bad].mean() if bad.any() else zero,
-                      "kl": z0.detach()}
+        chosen = rewards[good].mean() if good.any() else zero
+        rejected = rewards[bad].mean() if bad.any() else zero
+        return loss, {"loss": loss, "rewards_chosen": chosen, "rewards_rejected": rejected,
+                      "rewards_margin": chosen - rejected, "kl": z0.detach()}
 
 
 __all__ = ["DPOLoss", "IPOLoss", "SimPOLoss", "ORPOLoss", "KTOLoss"]

@@ -33,6 +33,9 @@ from ludic_fast import algorithm as presets
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
 from ludic_fast.cli_validation import OneLineParser, UsageError, check_args, check_device, check_task_tokens
 from ludic_fast.loggers import JSONLLogger, PrintLogger, RichLiveLogger, TeeLogger, WandbLogger, plot_curves, read_jsonl
+from ludic_fast.offline_cli import OFFLINE_PRESETS
+from ludic_fast.offline_cli import add_arguments as add_offline_arguments
+from ludic_fast.offline_cli import main as offline_main
 from ludic_fast.rollout import (
     Evaluator,
     HFGenerateEngine,
@@ -106,7 +109,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         help="chat JSONL ({'messages': [...]}, through the chat template); default: the task's answers",
     )
     g = p.add_argument_group("RL")
-    g.add_argument("--preset", default="cispo", choices=sorted(PRESETS))
+    g.add_argument("--preset", default="cispo", choices=[*sorted(PRESETS), *OFFLINE_PRESETS])
     g.add_argument("--rl-steps", type=int, default=80)
     g.add_argument("--prompts-per-batch", type=int, default=32)
     g.add_argument("--group-size", type=int, default=8)
@@ -143,6 +146,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--wandb", action="store_true", help="log to Weights & Biases (needs the [wandb] extra)")
     g.add_argument("--no-plot", action="store_true")
     add_recipe_arguments(p)
+    add_offline_arguments(p)
     return p
 
 
@@ -462,6 +466,8 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"argv[0] must be 'train' or 'demo', got {command!r}")
     t0 = time.perf_counter()
     args = build_parser(f"ludic-fast {command}").parse_args(rest)
+    if args.preset in OFFLINE_PRESETS:  # preference, reward-model and distillation presets: no rollouts
+        return offline_main(args, command)
     try:
         tok, task = prepare(args, command)
     except UsageError as exc:

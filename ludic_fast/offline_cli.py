@@ -1,0 +1,193 @@
+"""`ludic-fast train --preset {dpo,ipo,simpo,orpo,kto,reward,distill}`: offline objectives, no rollouts.
+
+Data: `--pref-data` JSONL in the preset's format (`ludic_fast.preference_data`), else the embedded rows
+built from the addition task. Model: `--model` ('embedded': the tiny Llama, random init). dpo, ipo and kto
+train against a frozen copy of the initial model as the reference; reward trains the backbone and a
+scalar value head with the Bradley-Terry loss; distill trains the model against `--teacher` ('embedded': a
+smaller-width tiny Llama first fitted to the completions for `--teacher-steps` steps of cross-entropy, so
+the two heads differ in hidden size) with `linear_divergence`, off-policy on the dataset or GKD-style
+on-policy with `--on-policy-fraction`.
+
+Outputs under --output-dir: metrics.jsonl (phase = the preset), curves.png (the preset's metric and the
+loss), summary.json (the metric's first/last-10 means). The metric: rewards_accuracy for the pair presets
+and reward, the rewards margin (chosen - rejected) for kto, the loss for distill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ludic_fast.cli_validation import UsageError, check_args, check_device
+from ludic_fast.loggers import JSONLLogger, TeeLogger, plot_curves
+from ludic_fast.offline_trainer import (
+    DistillObjective,
+    OfflineConfig,
+    OfflineTrainer,
+    PreferenceObjective,
+    RewardObjective,
+)
+from ludic_fast.ops import linear_cross_entropy
+from ludic_fast.preference import DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss
+from ludic_fast.preference_data import embedded_rows, encode_rows, read_rows
+from ludic_fast.train_recipe import apply_recipe
+
+FORMAT = {"dpo": "pairs", "ipo": "pairs", "simpo": "pairs", "orpo": "pairs", "reward": "pairs", "kto": "kto",
+          "distill": "completions"}
+OFFLINE_PRESETS = tuple(FORMAT)
+LOSSES = {"dpo": DPOLoss, "ipo": IPOLoss, "simpo": SimPOLoss, "orpo": ORPOLoss, "kto": KTOLoss}
+METRIC = {p: "train/rewards_accuracy" for p in ("dpo", "ipo", "simpo", "orpo", "reward")}
+METRIC.update(kto="train/rewards_margin", distill="train/loss")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The offline presets' flags (a group of `ludic-fast train`)."""
+    g = p.add_argument_group("offline presets (dpo, ipo, simpo, orpo, kto, reward, distill)")
+    g.add_argument("--offline-steps", type=int, default=100, help="optimizer steps of an offline preset")
+    g.add_argument("--pref-data", default=None, help="JSONL in the preset's format (default: embedded rows)")
+    g.add_argument("--pref-batch-size", type=int, default=16, help="pairs / examples per step")
+    g.add_argument("--beta", type=float, default=None, help="the loss's β (default: its paper's)")
+    g.add_argument("--teacher", default="embedded", help="distill: 'embedded' or a HF causal LM name/path")
+    g.add_argument("--teacher-steps", type=int, default=60, help="distill: CE steps fitting the embedded teacher")
+    g.add_argument("--distill-kind", default="forward_kl", choices=["forward_kl", "reverse_kl", "jsd"])
+    g.add_argument("--distill-beta", type=float, default=0.5, help="distill: JSD mixture β")
+    g.add_argument("--distill-temperature", type=float, default=1.0)
+    g.add_argument("--hard-weight", type=float, default=0.0, help="distill: weight of the hard-label CE")
+    g.add_argument("--on-policy-fraction", type=float, default=0.0, help="distill: GKD λ (student samples)")
+
+
+def _examples(args: argparse.Namespace, tok: Any, chat: bool) -> list[Any]:
+    fmt = FORMAT[args.preset]
+    try:
+        rows = read_rows(args.pref_data, fmt) if args.pref_data else embedded_rows(fmt, 64, args.seed)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--pref-data: {exc}") from None
+    return encode_rows(rows, fmt, tok, chat_template=chat)
+
+
+def _embedded_teacher(args: argparse.Namespace, tok: Any, examples: list[Any]) -> torch.nn.Module:
+    """A tiny Llama of hidden size 96 fitted to the completions by `--teacher-steps` steps of CE."""
+    from ludic_fast.embedded import build_tiny_model
+    from ludic_fast.pair_batching import collate_completions
+
+    teacher = build_tiny_model(len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                               bos_token_id=tok.bos_token_id, seed=args.seed + 1, hidden_size=96,
+                               intermediate_size=192)
+    opt = torch.optim.AdamW(teacher.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(args.seed)
+    for _ in range(args.teacher_steps):
+        idx = torch.randint(0, len(examples), (32,), generator=gen).tolist()
+        b = collate_completions(*zip(*[examples[i] for i in idx]), pad_token_id=tok.pad_token_id)
+        h = teacher.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
+        tgt = torch.where(b["action_mask"][:, 1:] > 0, b["input_ids"][:, 1:], -100)
+        linear_cross_entropy(h[:, :-1], teacher.lm_head.weight, tgt).backward()
+        opt.step()
+        opt.zero_grad()
+    teacher.eval().requires_grad_(False)
+    return teacher
+
+
+def _objective(args: argparse.Namespace, model: torch.nn.Module, tok: Any, examples: list[Any]) -> Any:
+    if args.preset == "reward":
+        return RewardObjective(torch.nn.Linear(model.config.hidden_size, 1))
+    if args.preset == "distill":
+        if args.teacher == "embedded":
+            teacher = _embedded_teacher(args, tok, examples)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            teacher = AutoModelForCausalLM.from_pretrained(args.teacher, torch_dtype=torch.float32).eval()
+            teacher.requires_grad_(False)
+        return DistillObjective(teacher, kind=args.distill_kind, beta=args.distill_beta,
+                                temperature=args.distill_temperature, hard_weight=args.hard_weight,
+                                on_policy_fraction=args.on_policy_fraction, max_new_tokens=args.max_new_tokens,
+                                eos_token_id=tok.eos_token_id, seed=args.seed)
+    loss_cls = LOSSES[args.preset]
+    loss_fn = loss_cls() if args.beta is None else loss_cls(beta=args.beta)
+    ref = None
+    if args.preset in ("dpo", "ipo", "kto"):
+        ref = copy.deepcopy(model).eval().requires_grad_(False)
+    return PreferenceObjective(loss_fn, ref)
+
+
+def _check(args: argparse.Namespace, command: str) -> None:
+    if command != "train":
+        raise UsageError(f"--preset {args.preset} runs under `ludic-fast train`")
+    if args.offline_steps < 1 or args.pref_batch_size < 1:
+        raise UsageError("--offline-steps and --pref-batch-size must be >= 1")
+    if args.beta is not None and args.beta <= 0:
+        raise UsageError("--beta must be > 0")
+    if args.distill_kind == "jsd" and not 0 < args.distill_beta < 1:
+        raise UsageError("--distill-beta must lie in (0, 1) for --distill-kind jsd")
+    if not 0 <= args.hard_weight <= 1 or not 0 <= args.on_policy_fraction <= 1:
+        raise UsageError("--hard-weight and --on-policy-fraction must lie in [0, 1]")
+    check_device(args.device)
+    apply_recipe(args)  # resolves --attn for the model build; the offline trainer runs the model in fp32
+    check_args(args)
+
+
+def main(args: argparse.Namespace, command: str) -> int:
+    """Run an offline preset (module docstring); 2 after a one-line error for a bad input."""
+    from ludic_fast import train_cli
+
+    t0 = time.perf_counter()
+    try:
+        _check(args, command)
+        tok = train_cli.build_tokenizer(args)
+        chat = train_cli.resolve_chat_template(tok, args.chat_template)
+        examples = _examples(args, tok, chat)
+    except (UsageError, ValueError) as exc:
+        print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)
+        return 2
+    args.output_dir = args.output_dir or train_cli.default_output_dir(args, command)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = out / "metrics.jsonl"
+    metrics.unlink(missing_ok=True)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model, tok = train_cli.build_model_and_tokenizer(args, tok)
+    model.to(args.device)
+    objective = _objective(args, model, tok, examples)
+    cfg = OfflineConfig(steps=args.offline_steps, batch_size=args.pref_batch_size,
+                        micro_batch_size=args.pref_batch_size, lr=args.lr, weight_decay=args.weight_decay,
+                        max_grad_norm=args.max_grad_norm, max_length=args.max_seq_len,
+                        pad_token_id=tok.pad_token_id, seed=args.seed, device=args.device)
+    print(f"ludic-fast {command}: {args.offline_steps} steps of {args.preset} on {len(examples)} "
+          f"{FORMAT[args.preset]} examples ({args.pref_data or 'embedded'}); output {out}", flush=True)
+    console = train_cli.build_console_logger(args.logger)
+    logger = TeeLogger(JSONLLogger(metrics, extra={"phase": args.preset}), console)
+    try:
+        records = OfflineTrainer(model, objective, examples, cfg, logger).train()
+    finally:
+        if console is not None and hasattr(console, "close"):
+            console.close()
+    summary = summarize(records, METRIC[args.preset])
+    summary["wall_time_s"] = time.perf_counter() - t0
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is not None:
+        recs = [{"step": i + 1, "phase": args.preset, **r} for i, r in enumerate(records)]
+        summary["png"] = str(plot_curves(recs, out / "curves.png", reward_key=METRIC[args.preset],
+                                         title=f"ludic-fast train: {args.preset}", no_reward_phases=()))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    print(f"\n{args.preset}: {summary['metric']} first-{summary['n']} mean {summary['first']:.4f}, last-"
+          f"{summary['n']} mean {summary['last']:.4f}; {summary['wall_time_s']:.0f} s")
+    return 0
+
+
+def summarize(records: list[dict[str, float]], key: str) -> dict[str, Any]:
+    """The metric's curve and the means of its first and last n = min(10, steps // 2) steps (n >= 1)."""
+    curve = [r[key] for r in records]
+    n = max(1, min(10, len(curve) // 2))
+    return {"metric": key, "curve": curve, "n": n, "first": sum(curve[:n]) / n, "last": sum(curve[-n:]) / n}
+
+
+__all__ = ["OFFLINE_PRESETS", "add_arguments", "main", "summarize"]

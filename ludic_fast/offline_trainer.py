@@ -1,0 +1,238 @@
+"""A slim trainer for offline objectives on the fused head: preference losses, reward models, distillation.
+
+One step: take `batch_size` examples (shuffled, cycling), split them into micro-batches of
+`micro_batch_size`, and per micro-batch k of n_k examples back-propagate `loss_k · n_k / n` (the gradient
+of the mean over the step's examples); clip the gradient norm; AdamW. Records carry `train/<stat>` (the
+n_k-weighted mean of each micro-batch stat), `train/grad_norm` and `train/lr`.
+
+Objectives (`Objective`): how examples are collated and how a micro-batch's loss is computed.
+- `PreferenceObjective(loss_fn, ref_model)`: DPO / IPO / SimPO / ORPO on pairs, KTO on KTO examples; the
+  reference model's log-probs go to `batch['ref_logps']` through the fused head, without gradients.
+- `RewardObjective(value_head)`: Bradley-Terry on the last-token value head over the backbone's hidden states.
+- `DistillObjective(teacher, ...)`: `linear_divergence` on the completion tokens, teacher hidden states
+  under no_grad; `on_policy_fraction` λ replaces each example's completion by a sample of the student with
+  probability λ (GKD, Agarwal et al., arXiv 2306.13649: the student samples, the teacher scores).
+Padded layout; models are transformers causal LMs (hidden states from `final_hidden_states`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from ludic_fast.integrations.transformers import final_hidden_states, lm_head
+from ludic_fast.ops.divergence import linear_divergence
+from ludic_fast.pair_batching import collate_completions, collate_kto, collate_pairs
+from ludic_fast.preference import DPOLoss, IPOLoss, KTOLoss
+from ludic_fast.reward_model import BradleyTerryLoss
+
+
+@dataclass
+class OfflineConfig:
+    """Settings of `OfflineTrainer`."""
+
+    steps: int = 40
+    batch_size: int = 16
+    micro_batch_size: int = 16
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    max_length: int | None = 64
+    pad_token_id: int = 0
+    seed: int = 0
+    device: str = "cpu"
+    chunk_elements: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+class Objective(Protocol):
+    def parameters(self) -> list[nn.Parameter]: ...
+
+    def prepare(self, model: nn.Module, examples: list[Any]) -> list[Any]: ...
+
+    def collate(self, examples: list[Any], cfg: OfflineConfig) -> dict[str, Tensor]: ...
+
+    def loss(self, model: nn.Module, batch: dict[str, Tensor], cfg: OfflineConfig) -> tuple[Tensor, dict[str, Any]]: ...
+
+
+def _hidden(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    return final_hidden_states(model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+
+
+@torch.no_grad()
+def reference_logps(ref_model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """log p_ref of every action token at its position ([B, T], 0 elsewhere), through the fused head."""
+    ids = batch["input_ids"]
+    targets = torch.where(batch["action_mask"][:, 1:] > 0, ids[:, 1:], torch.full_like(ids[:, 1:], -100))
+    out = lm_head(ref_model).logprobs(_hidden(ref_model, batch)[:, :-1], targets, entropy=False)
+    ref = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+    ref[:, 1:] = out.logprobs
+    return ref
+
+
+class _Base:
+    def parameters(self) -> list[nn.Parameter]:
+        return []
+
+    def prepare(self, model: nn.Module, examples: list[Any]) -> list[Any]:
+        return examples
+
+
+@dataclass
+class PreferenceObjective(_Base):
+    """A `ludic_fast.preference` loss on pairs (KTOLoss: on KTO examples with in-batch KL samples)."""
+
+    loss_fn: Any
+    ref_model: nn.Module | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.loss_fn, (DPOLoss, IPOLoss, KTOLoss)) and self.ref_model is None:
+            raise ValueError(f"{type(self.loss_fn).__name__} needs ref_model (a frozen copy of the initial policy)")
+
+    def collate(self, examples, cfg):
+        kw = dict(pad_token_id=cfg.pad_token_id, max_length=cfg.max_length, device=cfg.device)
+        return collate_kto(examples, **kw) if isinstance(self.loss_fn, KTOLoss) else collate_pairs(examples, **kw)
+
+    def loss(self, model, batch, cfg):
+        if self.ref_model is not None:
+            batch["ref_logps"] = reference_logps(self.ref_model, batch)
+        return self.loss_fn(batch, hidden=_hidden(model, batch), **lm_head(model).kwargs(),
+                            chunk_elements=cfg.chunk_elements)
+
+
+@dataclass
+class RewardObjective(_Base):
+    """Bradley-Terry on a value head (nn.Linear(D, 1)) over the backbone's final hidden states."""
+
+    value_head: nn.Linear
+    loss_fn: BradleyTerryLoss | None = None
+
+    def parameters(self):
+        return list(self.value_head.parameters())
+
+    def collate(self, examples, cfg):
+        return collate_pairs(examples, pad_token_id=cfg.pad_token_id, max_length=cfg.max_length, device=cfg.device)
+
+    def loss(self, model, batch, cfg):
+        fn = self.loss_fn or BradleyTerryLoss()
+        return fn(batch, hidden=_hidden(model, batch), weight=self.value_head.weight, bias=self.value_head.bias)
+
+
+@dataclass
+class DistillObjective(_Base):
+    """linear_divergence(student, teacher) on the completion tokens (module docstring)."""
+
+    teacher: nn.Module
+    kind: str = "forward_kl"
+    beta: float = 0.5
+    temperature: float = 1.0
+    hard_weight: float = 0.0
+    on_policy_fraction: float = 0.0
+    max_new_tokens: int = 4
+    eos_token_id: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.on_policy_fraction <= 1.0:
+            raise ValueError(f"on_policy_fraction must lie in [0, 1], got {self.on_policy_fraction}")
+        self._rng = random.Random(self.seed)
+
+    @torch.no_grad()
+    def prepare(self, model, examples):
+        """Replace completions by the student's samples with probability on_policy_fraction."""
+        out = []
+        for prompt, completion in examples:
+            if self.on_policy_fraction > 0 and self._rng.random() < self.on_policy_fraction:
+                ids = torch.tensor([prompt], device=next(model.parameters()).device)
+                gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                     max_new_tokens=self.max_new_tokens, eos_token_id=self.eos_token_id,
+                                     pad_token_id=self.eos_token_id)
+                completion = gen[0, len(prompt):].tolist() or completion
+            out.append((prompt, completion))
+        return out
+
+    def collate(self, examples, cfg):
+        prompts, completions = zip(*examples)
+        return collate_completions(prompts, completions, pad_token_id=cfg.pad_token_id, max_length=cfg.max_length,
+                                   device=cfg.device)
+
+    def loss(self, model, batch, cfg):
+        sel = (batch["action_mask"][:, 1:] > 0).reshape(-1)
+        hs = _hidden(model, batch)[:, :-1].reshape(-1, model.config.hidden_size)[sel]
+        with torch.no_grad():
+            ht = _hidden(self.teacher, batch)[:, :-1]
+            ht = ht.reshape(-1, ht.shape[-1])[sel]
+        targets = batch["input_ids"][:, 1:].reshape(-1)[sel]
+        s_head, t_head = lm_head(model), lm_head(self.teacher)
+        loss = linear_divergence(hs, s_head.weight, ht, t_head.weight, targets, kind=self.kind, beta=self.beta,
+                                 temperature=self.temperature, hard_weight=self.hard_weight,
+                                 b_student=s_head.bias, b_teacher=t_head.bias)
+        return loss, {"loss": loss.detach(), "tokens": float(sel.sum())}
+
+
+class OfflineTrainer:
+    """The loop of the module docstring; `train()` returns the per-step records (and logs them)."""
+
+    def __init__(self, model: nn.Module, objective: Objective, examples: Sequence[Any], cfg: OfflineConfig,
+                 logger: Any = None):
+        if not examples:
+            raise ValueError("examples must not be empty")
+        self.model, self.objective, self.examples, self.cfg, self.logger = model, objective, list(examples), cfg, logger
+        params = [p for p in model.parameters() if p.requires_grad] + objective.parameters()
+        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.params = params
+        self._rng = random.Random(cfg.seed)
+        self._order: list[int] = []
+        self.step_idx = 0
+
+    def _next_examples(self) -> list[Any]:
+        out = []
+        while len(out) < self.cfg.batch_size:
+            if not self._order:
+                self._order = list(range(len(self.examples)))
+                self._rng.shuffle(self._order)
+            out.append(self.examples[self._order.pop()])
+        return out
+
+    def step(self) -> dict[str, float]:
+        self.model.train()
+        examples = self.objective.prepare(self.model, self._next_examples())
+        n, m = len(examples), self.cfg.micro_batch_size
+        totals: dict[str, float] = {}
+        for k in range(0, n, m):
+            chunk = examples[k:k + m]
+            loss, stats = self.objective.loss(self.model, self.objective.collate(chunk, self.cfg), self.cfg)
+            (loss * (len(chunk) / n)).backward()
+            for key, v in stats.items():
+                totals[key] = totals.get(key, 0.0) + float(v) * len(chunk) / n
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step_idx += 1
+        record = {f"train/{k}": v for k, v in totals.items()}
+        record.update({"train/grad_norm": float(norm), "train/lr": self.cfg.lr})
+        return record
+
+    def train(self) -> list[dict[str, float]]:
+        records = []
+        for _ in range(self.cfg.steps):
+            rec = self.step()
+            records.append(rec)
+            if self.logger is not None:
+                self.logger.log(self.step_idx, rec)
+        return records
+
+
+__all__ = ["OfflineConfig", "OfflineTrainer", "PreferenceObjective", "RewardObjective", "DistillObjective",
+           "reference_logps"]

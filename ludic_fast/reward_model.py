@@ -1,0 +1,98 @@
+"""Reward models: a scalar value head on the final hidden states and the Bradley-Terry pairwise loss.
+
+The reward of a sequence is the value head at its last token: r_b = w · h_{b, last} + c, with `last` the
+last attended position of a padded row (right padding) or the last position of a packed sequence.
+Pairs use the layout of `ludic_fast.pair_batching.collate_pairs` (sequence 2i chosen, 2i+1 rejected).
+
+Bradley-Terry (Bradley & Terry 1952; as a reward-model loss, Ouyang et al., arXiv 2203.02155, eq. 1):
+
+    loss = mean_pairs -log σ(r_w - r_l - μ) + c_center · mean_pairs (r_w + r_l)²
+
+μ an optional per-pair margin from `batch['margin']` [P] (Llama 2, arXiv 2307.09288 §3.2.2),
+c_center the reward-centering coefficient (Eisenstein et al., arXiv 2312.09244; TRL's
+`center_rewards_coefficient`). Stats: rewards_chosen / _rejected, rewards_margin, rewards_accuracy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Batch = Mapping[str, Tensor]
+
+
+def last_positions(batch: Batch) -> Tensor:
+    """Flat index (into hidden.reshape(-1, D)) of each sequence's last token: [S]."""
+    ids = batch["input_ids"]
+    if "cu_seqlens" in batch:
+        return batch["cu_seqlens"][1:].to(device=ids.device, dtype=torch.long) - 1
+    B, T = ids.shape
+    attn = batch.get("attention_mask")
+    length = torch.full((B,), T, device=ids.device) if attn is None else attn.sum(1).long()
+    if bool((length < 1).any()):
+        raise ValueError("every sequence needs at least one attended token (attention_mask row of zeros)")
+    return torch.arange(B, device=ids.device) * T + length - 1
+
+
+def sequence_rewards(batch: Batch, hidden: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """r_b = w · h_{b, last} + c, float32 [S]; `weight` [1, D] or [D] (an nn.Linear(D, 1)), `bias` [1] or None."""
+    if hidden.ndim != 3 or tuple(hidden.shape[:2]) != tuple(batch["input_ids"].shape):
+        raise ValueError(f"hidden must be [*input_ids.shape, D], got {tuple(hidden.shape)}")
+    w = weight.reshape(-1)
+    if w.numel() != hidden.shape[-1]:
+        raise ValueError(f"weight must hold D = {hidden.shape[-1]} values ([1, D] or [D]), got {tuple(weight.shape)}")
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, last_positions(batch))
+    r = h.float() @ w.float()
+    return r if bias is None else r + bias.float().reshape(())
+
+
+@dataclass
+class BradleyTerryLoss:
+    """Pairwise reward-model loss (module docstring); call with hidden states + value head, or `rewards=` [S]."""
+
+    center_rewards_coefficient: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.center_rewards_coefficient < 0:
+            raise ValueError(f"center_rewards_coefficient must be >= 0, got {self.center_rewards_coefficient}")
+
+    def __call__(
+        self,
+        batch: Batch,
+        *,
+        hidden: Tensor | None = None,
+        weight: Tensor | None = None,
+        bias: Tensor | None = None,
+        rewards: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        if (hidden is None) == (rewards is None):
+            raise ValueError("pass exactly one of hidden= (with weight=) or rewards=")
+        if hidden is not None:
+            if weight is None:
+                raise ValueError("weight (the value head weight [1, D]) is required with hidden=")
+            rewards = sequence_rewards(batch, hidden, weight, bias)
+        if rewards.ndim != 1 or rewards.numel() == 0 or rewards.numel() % 2:
+            raise ValueError(f"rewards must be [S] with S even (2i chosen, 2i+1 rejected), got {tuple(rewards.shape)}")
+        rw, rl = rewards[0::2], rewards[1::2]
+        diff = rw - rl
+        if "margin" in batch:
+            diff = diff - batch["margin"].to(diff.dtype)
+        loss = F.softplus(-diff).mean()
+        if self.center_rewards_coefficient:
+            loss = loss + self.center_rewards_coefficient * (rw + rl).square().mean()
+        rw, rl = rw.detach(), rl.detach()
+        return loss, {
+            "loss": loss.detach(),
+            "rewards_chosen": rw.mean(),
+            "rewards_rejected": rl.mean(),
+            "rewards_margin": (rw - rl).mean(),
+            "rewards_accuracy": (rw > rl).float().mean(),
+        }
+
+
+__all__ = ["BradleyTerryLoss", "sequence_rewards", "last_positions"]
