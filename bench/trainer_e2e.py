@@ -1,11 +1,24 @@
-"""Trainer end to end: time and peak memory of one RL (CISPO) step of `ludic_fast.trainer.Trainer` on a small
-Llama model with a large vocabulary, fused-loss head vs the reference loss path (model logits [B, T, V] +
-`ludic_fast.reference.CISPOLoss`, as Ludic master computes it). Each path runs in its own process.
+"""Trainer end to end: step time, tokens/s and peak memory of one RL (CISPO) training step — forward, backward,
+grad clipping, AdamW — on a Llama-architecture model built from a config (random init, seeded), for:
 
-    .venv/bin/python bench/trainer_e2e.py                       # defaults: V=151936, D=256, 8 x 256 tokens
-    .venv/bin/python bench/trainer_e2e.py --vocab 32000 --hidden 512 --seqs 16 --seq-len 512 --steps 3
+- `ours-padded`, `ours-packed`: `ludic_fast.trainer.Trainer` (fused-loss head), padded or packed micro-batch;
+- `ours-padded+kernels`, `ours-packed+kernels`: the same with Liger-Kernel's body kernels (CUDA only);
+- `reference`: the same Trainer with the micro-batch loss taken through the model's logits [B, T, V] and
+  `ludic_fast.reference.CISPOLoss` (how Ludic master computes it);
+- `trl`: stock TRL GRPOTrainer (`loss_type="cispo"`): `compute_loss` on the same sequences (prompt / completion
+  split, the behaviour logprobs as `old_per_token_logps`), backward, the same clipping and AdamW step.
 
-Prints a markdown table (median / min step time, peak RSS, ratio fused / reference).
+Each path runs in its own process (its own peak memory: the CUDA allocator's peak, or peak RSS on CPU), one
+micro-batch per step, one warm-up step, then `--steps` timed steps (CUDA-synchronised).
+
+    python bench/trainer_e2e.py                                  # CPU: small Llama, V=151936, 8 x 256 tokens
+    python bench/trainer_e2e.py --device cuda                    # the Qwen2.5-0.5B shape, bf16, 16 x 1024 tokens
+    python bench/trainer_e2e.py --device cuda --seqs 32 --paths ours-packed,reference
+    python bench/trainer_e2e.py --device cuda --find-max         # largest sequences per step each path fits
+
+Shapes: `small` (2 layers, D=256, untied), `qwen0.5b` (24 layers, D=896, intermediate 4864, 14 heads, 2 KV
+heads, V=151936, tied — Qwen2.5-0.5B's dimensions). Sequence lengths are drawn in [(1 - spread) L, L]
+(`--length-spread`, seeded), a quarter of each is prompt; tokens/s counts real tokens.
 """
 
 from __future__ import annotations
@@ -23,47 +36,107 @@ import torch
 
 from ludic_fast.benchmark.worker import RESULT_PREFIX, PeakMemory
 
+PATHS = ("ours-padded", "ours-packed", "ours-padded+kernels", "ours-packed+kernels", "reference", "trl")
+SHAPES = {
+    "small": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "tie_word_embeddings": False},
+    "qwen0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+                 "num_key_value_heads": 2, "tie_word_embeddings": True},
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--shape", choices=sorted(SHAPES), help="default: small on CPU, qwen0.5b on CUDA")
     p.add_argument("--vocab", type=int, default=151936)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--seqs", type=int, default=8, help="sequences per step (one micro-batch)")
-    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (a quarter is prompt)")
+    p.add_argument("--hidden", type=int, help="override the shape's hidden size (intermediate = 2 x hidden)")
+    p.add_argument("--layers", type=int, help="override the shape's layer count")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="model weights' dtype (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--attn", help="attention implementation (default: flash_attention_2 on CUDA with flash-attn, "
+                                  "else sdpa)")
+    p.add_argument("--seqs", type=int, help="sequences per step, one micro-batch (default: 8 CPU, 16 CUDA)")
+    p.add_argument("--seq-len", type=int, help="longest sequence (default: 256 CPU, 1024 CUDA)")
+    p.add_argument("--length-spread", type=float, default=0.5, help="lengths uniform in [(1 - spread) L, L]")
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--mode", choices=("fused", "reference"), help="run one path here (internal)")
+    p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {', '.join(PATHS)}")
+    p.add_argument("--find-max", action="store_true",
+                   help="also double --seqs per path until it runs out of memory (CUDA); report the largest fit")
+    p.add_argument("--json", help="write the rows to this JSON file too")
+    p.add_argument("--run", choices=PATHS, help=argparse.SUPPRESS)  # one path in this process (internal)
     return p
 
 
-def _batch(args: argparse.Namespace):
-    from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWBatch, SAWItem
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """Device-dependent defaults filled in place."""
+    cuda = args.device == "cuda"
+    args.shape = args.shape or ("qwen0.5b" if cuda else "small")
+    args.dtype = args.dtype or ("bf16" if cuda else "fp32")
+    args.seqs = args.seqs or (16 if cuda else 8)
+    args.seq_len = args.seq_len or (1024 if cuda else 256)
+    if args.attn is None:
+        import importlib.util
+
+        flash = cuda and importlib.util.find_spec("flash_attn") is not None
+        args.attn = "flash_attention_2" if flash else "sdpa"
+    if not 0.0 <= args.length_spread < 1.0:
+        raise SystemExit(f"--length-spread must lie in [0, 1), got {args.length_spread}")
+    unknown = set(args.paths.split(",")) - set(PATHS)
+    if unknown:
+        raise SystemExit(f"--paths: unknown {sorted(unknown)}; choose from {PATHS}")
+    return args
+
+
+def _model_config(args: argparse.Namespace):
+    from transformers import LlamaConfig
+
+    shape = dict(SHAPES[args.shape])
+    if args.hidden:
+        shape.update(hidden_size=args.hidden, intermediate_size=2 * args.hidden)
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    return LlamaConfig(vocab_size=args.vocab, max_position_embeddings=args.seq_len, pad_token_id=0,
+                       attn_implementation=args.attn, **shape)
+
+
+def _build_model(args: argparse.Namespace):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(_model_config(args)).to(device=args.device, dtype=DTYPES[args.dtype])
+
+
+def _items(args: argparse.Namespace) -> list:
+    from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWItem
 
     g = torch.Generator().manual_seed(0)
-    prompt = args.seq_len // 4
+    low = max(4, int(round((1 - args.length_spread) * args.seq_len)))
     items = []
     for i in range(args.seqs):
-        ids = torch.randint(3, args.vocab, (args.seq_len,), generator=g).tolist()
-        action = [0] * prompt + [1] * (args.seq_len - prompt)
-        logps = (-torch.rand(args.seq_len - prompt, generator=g) * 12).tolist()
-        items.append(SAWItem(ids, [1] * args.seq_len, action, weight=1.0 if i % 2 else -1.0,
+        n = int(torch.randint(low, args.seq_len + 1, (1,), generator=g)) if low < args.seq_len else args.seq_len
+        prompt = max(1, n // 4)
+        ids = torch.randint(3, args.vocab, (n,), generator=g).tolist()
+        logps = (-torch.rand(n - prompt, generator=g) * 12).tolist()
+        items.append(SAWItem(ids, [1] * n, [0] * prompt + [1] * (n - prompt), weight=1.0 if i % 2 else -1.0,
                              meta={"rollout_id": str(i)}, attachments=SampleAttachments(ActorTokenLogps(logps))))
-    return SAWBatch(items)
+    return items
 
 
 class _FixedSource:
-    def __init__(self, batch):
-        self.batch = batch
+    def __init__(self, items):
+        self.items = items
 
     async def next_batch(self):
-        return copy.deepcopy(self.batch)
+        from ludic_fast.types import SAWBatch
+
+        return SAWBatch(copy.deepcopy(self.items))
 
 
-def _trainer(args: argparse.Namespace):
+def _ours_step(args: argparse.Namespace, path: str):
     from ludic_fast import reference
     from ludic_fast.algorithm import make_cispo
-    from ludic_fast.embedded.model import build_tiny_model
     from ludic_fast.trainer import Trainer, TrainerConfig
 
     class ReferencePathTrainer(Trainer):
@@ -73,53 +146,174 @@ def _trainer(args: argparse.Namespace):
             logits = self.model(**self._model_inputs(batch)).logits
             return reference.CISPOLoss()(batch, logits=logits)
 
-    model = build_tiny_model(args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                             num_hidden_layers=args.layers, max_position_embeddings=args.seq_len)
     tokens = args.seqs * args.seq_len
-    cfg = TrainerConfig(model_device="cpu", pad_token_id=0, sync_every_steps=0, max_seq_len=args.seq_len,
-                        micro_token_budget=tokens)
-    cls = Trainer if args.mode == "fused" else ReferencePathTrainer
-    return cls(model=model, algo=make_cispo(group_size=2), batch_source=_FixedSource(_batch(args)), cfg=cfg)
+    cfg = TrainerConfig(model_device=args.device, pad_token_id=0, sync_every_steps=0, max_seq_len=args.seq_len,
+                        micro_token_budget=tokens, layout="packed" if "packed" in path else "padded",
+                        body_kernels=path.endswith("+kernels"))
+    cls = ReferencePathTrainer if path == "reference" else Trainer
+    trainer = cls(model=_build_model(args), algo=make_cispo(group_size=2), batch_source=_FixedSource(_items(args)),
+                  cfg=cfg)
+    return trainer.train_step_sync
 
 
-def _child(args: argparse.Namespace) -> dict:
+def _trl_step(args: argparse.Namespace):
+    import tempfile
+
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from ludic_fast.embedded import build_char_tokenizer
+
+    model = _build_model(args)
+    items = _items(args)
+    with tempfile.TemporaryDirectory() as out:
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=GRPOConfig(
+                output_dir=out, per_device_train_batch_size=len(items), num_generations=len(items),
+                max_completion_length=args.seq_len, report_to=[], use_cpu=args.device == "cpu", bf16=False,
+                save_strategy="no", loss_type="cispo", beta=0.0,
+            ),
+            train_dataset=Dataset.from_list([{"prompt": "1+1="}] * len(items)),
+            processing_class=build_char_tokenizer(),
+        )
+    trainer.current_gradient_accumulation_steps = 1
+    model = trainer.model.train()
+    inputs = _trl_inputs(items, args.device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01)
+
+    def step() -> None:
+        loss = trainer.compute_loss(model, inputs)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _trl_inputs(items: list, device: str) -> dict:
+    """TRL's layout of the same sequences: left-padded prompts, right-padded completions, advantages [B],
+    the behaviour logprobs of the completion tokens as old_per_token_logps."""
+    prompts = [it.action_mask.index(1) for it in items]
+    P, C = max(prompts), max(len(it.input_ids) - p for it, p in zip(items, prompts))
+    B = len(items)
+    out = {"prompt_ids": torch.zeros(B, P, dtype=torch.long), "prompt_mask": torch.zeros(B, P, dtype=torch.long),
+           "completion_ids": torch.zeros(B, C, dtype=torch.long),
+           "completion_mask": torch.zeros(B, C, dtype=torch.long), "old_per_token_logps": torch.zeros(B, C),
+           "advantages": torch.tensor([it.weight for it in items], dtype=torch.float32)}
+    for b, (it, p) in enumerate(zip(items, prompts)):
+        c = len(it.input_ids) - p
+        out["prompt_ids"][b, P - p:] = torch.tensor(it.input_ids[:p])
+        out["prompt_mask"][b, P - p:] = 1
+        out["completion_ids"][b, :c] = torch.tensor(it.input_ids[p:])
+        out["completion_mask"][b, :c] = 1
+        out["old_per_token_logps"][b, :c] = torch.tensor(it.actor_logps.token_logps)
+    out = {k: v.to(device) for k, v in out.items()}
+    out["num_items_in_batch"] = out["completion_mask"].sum()
+    return out
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_path(args: argparse.Namespace, path: str) -> dict:
+    """Build, warm up and time one path in this process; peak memory over the warm-up and timed steps."""
     torch.set_num_threads(args.threads)
-    trainer = _trainer(args)
-    memory = PeakMemory("cpu")
+    memory = PeakMemory(args.device)
+    step = _trl_step(args) if path == "trl" else _ours_step(args, path)
     memory.reset()
-    trainer.train_step_sync()  # warm-up
+    step()  # warm-up (AdamW allocates its states here)
     times = []
     for _ in range(args.steps):
+        _sync(args.device)
         t0 = time.perf_counter()
-        trainer.train_step_sync()
+        step()
+        _sync(args.device)
         times.append(time.perf_counter() - t0)
-    return {"median_s": statistics.median(times), "min_s": min(times), "peak_bytes": memory.peak(),
-            "base_bytes": memory.base}
+    tokens = sum(len(it.input_ids) for it in _items(args))
+    median = statistics.median(times)
+    return {"path": path, "median_s": median, "min_s": min(times), "tokens": tokens, "tokens_per_s": tokens / median,
+            "peak_bytes": memory.peak()}
+
+
+def _child(args: argparse.Namespace, path: str, seqs: int | None = None) -> dict:
+    """Run one path in a fresh process; {"skipped": reason} when it cannot run here or runs out of memory."""
+    if path.endswith("+kernels") and args.device != "cuda":
+        return {"path": path, "skipped": "CUDA only (Liger-Kernel's kernels)"}
+    if path == "trl":
+        import importlib.util
+
+        if importlib.util.find_spec("trl") is None:
+            return {"path": path, "skipped": "trl is not installed"}
+    argv = [*sys.argv[1:]] if args.argv is None else list(args.argv)
+    argv = [a for a in argv if a != "--find-max"]
+    if seqs is not None:
+        argv += ["--seqs", str(seqs)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    proc = subprocess.run([sys.executable, __file__, *argv, "--run", path], capture_output=True, text=True, env=env)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith(RESULT_PREFIX)), None)
+    if line is None:
+        err = proc.stderr.strip()
+        if "OutOfMemoryError" in err or "out of memory" in err:
+            return {"path": path, "skipped": "out of memory"}
+        raise SystemExit(f"{path} failed: {err[-1500:]}")
+    return json.loads(line[len(RESULT_PREFIX):])
+
+
+def _largest_fit(args: argparse.Namespace, path: str, first: dict) -> int | None:
+    """Double the sequences per step from --seqs until the path runs out of memory; the largest that ran."""
+    if "skipped" in first:
+        return None
+    seqs = args.seqs
+    while "skipped" not in _child(args, path, seqs * 2):
+        seqs *= 2
+    return seqs
+
+
+def table(args: argparse.Namespace, rows: list[dict]) -> str:
+    """Markdown table of the rows (ratios against the reference path where it ran)."""
+    cfg = _model_config(args)
+    head = (f"CISPO training step, Llama ({cfg.num_hidden_layers} layers, D={cfg.hidden_size}, V={cfg.vocab_size}, "
+            f"{'tied' if cfg.tie_word_embeddings else 'untied'}), {args.dtype}, attn {args.attn}, {args.device}, "
+            f"{args.seqs} sequences of <= {args.seq_len} tokens (spread {args.length_spread}), "
+            f"1 warm-up + {args.steps} steps\n\n")
+    ref = next((r for r in rows if r["path"] == "reference" and "skipped" not in r), None)
+    fit = any("max_seqs" in r for r in rows)
+    lines = ["| path | median step s | min step s | tokens/s | peak GiB | step / reference |"
+             + (" largest seqs/step |" if fit else ""),
+             "|---|---|---|---|---|---|" + ("---|" if fit else "")]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['path']} | {r['skipped']} | | | | |" + (" |" if fit else ""))
+            continue
+        ratio = f"{r['median_s'] / ref['median_s']:.2f}" if ref else "-"
+        extra = f" {r.get('max_seqs') or '-'} |" if fit else ""
+        lines.append(f"| {r['path']} | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['tokens_per_s']:.0f} | "
+                     f"{r['peak_bytes'] / 2**30:.2f} | {ratio} |{extra}")
+    return head + "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.mode:
-        print(RESULT_PREFIX + json.dumps(_child(args)), flush=True)
+    args = resolve(_parser().parse_args(argv))
+    args.argv = argv
+    if args.run:
+        print(RESULT_PREFIX + json.dumps(run_path(args, args.run)), flush=True)
         return 0
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    passthrough = list(argv if argv is not None else sys.argv[1:])
-    rows = {}
-    for mode in ("fused", "reference"):
-        proc = subprocess.run([sys.executable, __file__, *passthrough, "--mode", mode], capture_output=True,
-                              text=True, env=env)
-        line = next((x for x in proc.stdout.splitlines() if x.startswith(RESULT_PREFIX)), None)
-        if line is None:
-            raise SystemExit(f"{mode} failed: {proc.stderr.strip()[-800:]}")
-        rows[mode] = json.loads(line[len(RESULT_PREFIX):])
-    print(f"CISPO step, tiny Llama ({args.layers} layers, D={args.hidden}, V={args.vocab}), "
-          f"{args.seqs} x {args.seq_len} tokens, {args.threads} threads, 1 warm-up + {args.steps} steps\n")
-    print("| loss path | median step s | min step s | peak RSS GiB |\n|---|---|---|---|")
-    for mode, r in rows.items():
-        print(f"| {mode} | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['peak_bytes'] / 2**30:.2f} |")
-    f, ref = rows["fused"], rows["reference"]
-    print(f"| fused / reference | {f['median_s'] / ref['median_s']:.2f} | {f['min_s'] / ref['min_s']:.2f} "
-          f"| {f['peak_bytes'] / ref['peak_bytes']:.2f} |")
+    rows = []
+    for path in args.paths.split(","):
+        row = _child(args, path)
+        if args.find_max:
+            row["max_seqs"] = _largest_fit(args, path, row)
+        rows.append(row)
+    print(table(args, rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"args": {k: v for k, v in vars(args).items() if k != "argv"}, "rows": rows}, f, indent=1)
     return 0
 
 

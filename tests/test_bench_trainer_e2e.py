@@ -1,0 +1,53 @@
+"""bench/trainer_e2e.py at a tiny shape on CPU: every path that runs here produces a row (ours padded / packed,
+the reference loss path, stock TRL's step), the body-kernel rows say they need CUDA; TRL's input layout of the
+same sequences, by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWItem
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "trainer_e2e.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("trainer_e2e", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("trainer_e2e", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_trl_inputs_layout():
+    bench = _bench()
+    items = [SAWItem([5, 6, 7, 8, 9], [1] * 5, [0, 0, 1, 1, 1], weight=0.5, meta={},
+                     attachments=SampleAttachments(ActorTokenLogps([-1.0, -2.0, -3.0]))),
+             SAWItem([4, 3, 2], [1] * 3, [0, 1, 1], weight=-1.0, meta={},
+                     attachments=SampleAttachments(ActorTokenLogps([-4.0, -5.0])))]
+    out = bench._trl_inputs(items, "cpu")
+    assert out["prompt_ids"].tolist() == [[5, 6], [0, 4]] and out["prompt_mask"].tolist() == [[1, 1], [0, 1]]
+    assert out["completion_ids"].tolist() == [[7, 8, 9], [3, 2, 0]]
+    assert out["completion_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert out["old_per_token_logps"].tolist() == [[-1.0, -2.0, -3.0], [-4.0, -5.0, 0.0]]
+    assert out["advantages"].tolist() == [0.5, -1.0] and int(out["num_items_in_batch"]) == 5
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl")
+def test_tiny_cpu_run_has_a_row_per_path(capsys, tmp_path):
+    bench = _bench()
+    argv = ["--vocab", "256", "--hidden", "32", "--layers", "1", "--seqs", "4", "--seq-len", "24", "--steps", "1",
+            "--threads", "1", "--json", str(tmp_path / "rows.json")]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    for path in ("ours-padded", "ours-packed", "reference", "trl"):
+        cells = [c.strip() for c in rows[path].split("|")[2:-1]]
+        assert float(cells[0]) > 0 and float(cells[2]) > 0 and float(cells[3]) > 0, rows[path]
+    assert "CUDA only" in rows["ours-padded+kernels"] and "CUDA only" in rows["ours-packed+kernels"]
+    assert rows["reference"].split("|")[6].strip() == "1.00"
+    assert (tmp_path / "rows.json").is_file()
