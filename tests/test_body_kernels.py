@@ -84,7 +84,8 @@ def test_body_kernels_on_cpu_are_refused_and_auto_is_off():
 
 
 def test_liger_patches_a_llama_instance_body_and_leaves_its_head():
-    """Run in a fresh process: the patch rebinds module-level names of transformers' modeling_llama."""
+    """Run in a fresh process (Liger rebinds module-level names of transformers' modeling_llama): the instance's
+    body is Liger's, its head untouched, and models built afterwards on CPU still run."""
     code = textwrap.dedent(
         """
         import torch
@@ -93,13 +94,21 @@ def test_liger_patches_a_llama_instance_body_and_leaves_its_head():
         from ludic_fast.integrations.body_kernels import apply_body_kernels
         from transformers.models.llama import modeling_llama
         model = build_tiny_model(40)
-        forward = type(model).forward
+        forward, rope, norm_cls = type(model).forward, modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRMSNorm
         plan = apply_body_kernels(model)
         assert plan.kernels == ["rms_norm", "rope", "swiglu"], plan.kernels
         assert model.model.layers[0].mlp._get_name() == "LigerSwiGLUMLP"
         assert model.model.norm.forward.__func__ is LigerRMSNorm.forward
-        assert modeling_llama.apply_rotary_pos_emb.__module__.startswith("liger_kernel")
         assert "forward" not in vars(model) and type(model).forward is forward  # head untouched
+        # module-level rebinding scoped: classes restored, rope dispatches (Liger on CUDA, original elsewhere)
+        assert modeling_llama.LlamaRMSNorm is norm_cls
+        dispatch = modeling_llama.apply_rotary_pos_emb
+        assert dispatch.__ludic_original__ is rope and dispatch.__ludic_fused__.__module__.startswith("liger_kernel")
+        apply_body_kernels(build_tiny_model(40))  # a second model: no wrapper around the wrapper
+        assert modeling_llama.apply_rotary_pos_emb.__ludic_original__ is rope
+        cpu_model = build_tiny_model(40)  # built afterwards on CPU: transformers' modules, runs on CPU
+        assert type(cpu_model.model.norm) is norm_cls
+        cpu_model(input_ids=torch.tensor([[1, 2, 3]]))
         print("ok")
         """
     )

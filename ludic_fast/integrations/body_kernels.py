@@ -8,14 +8,19 @@ calls that function on the model instance with Liger's own per-architecture defa
 **always** `cross_entropy=False, fused_linear_cross_entropy=False`: Liger's head patches would replace the
 causal LM's forward and loss, which the trainer never calls for logits.
 
-Liger's patches are process-wide for the architecture: besides the instance's modules, it rebinds module-level
-names of `transformers.models.<arch>.modeling_<arch>` (e.g. `apply_rotary_pos_emb`), so every model of that
-architecture built afterwards in the process uses the Triton kernels too. The kernels need a GPU (CUDA).
+Liger patches the instance's modules (their `forward`) and also rebinds module-level names of
+`transformers.models.<arch>.modeling_<arch>`: classes (`LlamaRMSNorm`, `LlamaMLP`) and functions
+(`apply_rotary_pos_emb`). Left as they are, every model of the architecture built later in the process, on any
+device, would get Triton modules — a CPU model then fails. So after the call the classes are put back (the
+instance's modules are already patched) and each replaced function becomes a dispatcher: Liger's on CUDA
+tensors, transformers' original elsewhere. The kernels need a GPU (CUDA).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -106,8 +111,39 @@ def apply_body_kernels(model: nn.Module) -> BodyKernelPlan | None:
             stacklevel=2,
         )
         return None
+    modules = {sys.modules[type(m).__module__] for m in (lm, get_decoder(lm))}
+    before = {module: dict(vars(module)) for module in modules}
     plan.apply_fn(model=lm, **plan.kwargs)
+    for module, names in before.items():
+        _scope_module_patches(module, names)
     return plan
+
+
+def _scope_module_patches(module: Any, before: dict[str, Any]) -> None:
+    """Undo Liger's rebinding of `module`'s classes; turn its replaced functions into CUDA-only dispatchers."""
+    for name, value in list(vars(module).items()):
+        old = before.get(name, value)
+        if old is value:
+            continue
+        original = getattr(old, "__ludic_original__", old)
+        if isinstance(original, type):
+            setattr(module, name, original)
+        elif callable(original) and callable(value):
+            setattr(module, name, _cuda_dispatch(value, original))
+
+
+def _cuda_dispatch(fused: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """`fused(*args)` when the first tensor argument is on CUDA, else `original(*args)`."""
+    fused = getattr(fused, "__ludic_fused__", fused)
+
+    @functools.wraps(original)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        return (fused if first is not None and first.is_cuda else original)(*args, **kwargs)
+
+    dispatch.__ludic_original__ = original
+    dispatch.__ludic_fused__ = fused
+    return dispatch
 
 
 def compile_body(model: nn.Module, backend: str = "inductor") -> int:
