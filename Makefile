@@ -10,7 +10,9 @@ VERL_VENV  ?= .venv-verl
 VERL_PY    := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.installed-stamp
 
-.PHONY: demo test lint docs bench clean
+GPU_PY ?= python3
+
+.PHONY: demo test test-gpu lint docs bench clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +38,14 @@ test: $(STAMP) $(VERL_STAMP)
 
 docs: $(STAMP)
 	$(PY) tools/gen_api.py
+
+test-gpu:
+	$(GPU_PY) -c "import sys, torch; sys.exit(None if torch.cuda.is_available() else \
+	  'make test-gpu needs a CUDA GPU: torch ' + torch.__version__ + ' sees none')"
+	$(GPU_PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(GPU_PY) tools/gpu_requirements.py | xargs -r $(GPU_PY) -m pip install -q
+	$(GPU_PY) -m pytest -q -rs -m "gpu or interpret" tests/gpu tests/interpret tests/test_losses_triton.py
+	$(GPU_PY) -m ludic_fast.cli bench --preset gpu-key
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

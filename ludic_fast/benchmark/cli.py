@@ -76,12 +76,24 @@ def _ints(text: str) -> list[int]:
     return [int(t) for t in _csv(text)]
 
 
+def _triples(text: str) -> list[tuple[int, int, int]]:
+    out = []
+    for item in _csv(text):
+        parts = item.lower().split("x")
+        if len(parts) != 3:
+            raise argparse.ArgumentTypeError(f"--shapes: {item!r} is not NxDxV (e.g. 8192x4096x151936)")
+        n, d, v = (int(x) for x in parts)
+        out.append((n, d, v))
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ludic-fast bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), help="shapes/workloads/implementations to start from")
     p.add_argument("--workloads", type=_csv, help=f"comma list of {sorted(WORKLOADS)}")
     p.add_argument("--impls", type=_csv, help=f"comma list of {sorted(IMPLS)}")
+    p.add_argument("--shapes", type=_triples, help="comma list of NxDxV shapes (instead of the preset's)")
     p.add_argument("--n", type=_ints, help="comma list of token counts N (with --d and --v: their product)")
     p.add_argument("--d", type=_ints, help="comma list of hidden sizes D")
     p.add_argument("--v", type=_ints, help="comma list of vocabulary sizes V")
@@ -105,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _shapes(args: argparse.Namespace, preset: dict) -> list[Shape]:
     dtype = args.dtype or preset.get("dtype", "float32")
-    if args.n or args.d or args.v:
+    if args.shapes:
+        triples = args.shapes
+    elif args.n or args.d or args.v:
         ns, ds, vs = args.n or [2048], args.d or [QWEN_D], args.v or [QWEN_V]
         triples = [(n, d, v) for d in ds for v in vs for n in ns]
     else:

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# One-shot GPU session: prove every CUDA path and measure the GPU benchmark on a machine with a CUDA GPU and
+# no package registry (the peers travel as wheels). Each stage fits in one 10-minute command.
+#
+#   bash bench/gpu_session.sh wheels        # HERE (a machine with PyPI): download the peers' wheels into .whl/
+#   bash bench/gpu_session.sh test          # THERE: make test-gpu (GPU suite + key table)        ~5 min
+#   bash bench/gpu_session.sh bench-large   # THERE: ludic-fast bench --preset gpu, the 3 large shapes
+#   bash bench/gpu_session.sh bench-small   # THERE: the same at N = 64, 512, 2048
+#   bash bench/gpu_session.sh suite         # THERE: the whole unit suite with CUDA visible
+#
+# Several stages may follow one another in one call (`test bench-small`). Every stage on the GPU machine first
+# installs the carried wheels (from $WHEELS, default .whl) into /tmp/site and the project with --no-deps,
+# so the machine's torch and triton are used as they are. Logs and results go to bench/results/gpu/ and are
+# copied flat into $OUT (at most 8 files come back). DRY_RUN=1 prints the commands instead of running them.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+WHEELS=${WHEELS:-.whl}
+SITE=${SITE:-/tmp/site}
+RESULTS=bench/results/gpu
+OUT=${OUT:-$RESULTS/out}
+# the peers and the packages they need that the GPU image lacks (versions as exercised on CPU)
+PEER_WHEELS=(liger-kernel==0.8.5 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+             cut-cross-entropy==25.1.1)
+LARGE=8192x4096x151936,16384x896x151936,32768x4096x128256
+SMALL=64x4096x151936,512x4096x151936,2048x4096x151936
+
+run() {
+    if [[ ${DRY_RUN:-0} == 1 ]]; then
+        printf '+ %s\n' "$*"
+    else
+        "$@"
+    fi
+}
+
+logged() {  # logged NAME CMD...: run CMD, its output also in $RESULTS/NAME.log; the status is CMD's
+    local name=$1
+    shift
+    mkdir -p "$RESULTS"
+    if [[ ${DRY_RUN:-0} == 1 ]]; then
+        printf '+ %s 2>&1 | tee %s\n' "$*" "$RESULTS/$name.log"
+        return 0
+    fi
+    set +e
+    PYTHONUNBUFFERED=1 "$@" 2>&1 | tee "$RESULTS/$name.log"
+    local rc=${PIPESTATUS[0]}
+    set -e
+    return "$rc"
+}
+
+collect() {  # collect SRC NAME: copy SRC to $OUT/NAME when it exists
+    if [[ -f $1 ]]; then
+        run mkdir -p "$OUT"
+        run cp "$1" "$OUT/$2"
+    fi
+}
+
+download_wheels() {
+    run "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" "${PEER_WHEELS[@]}"
+}
+
+setup() {
+    if compgen -G "$WHEELS/*.whl" >/dev/null; then
+        run "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+            "$WHEELS"/*.whl
+        export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    else
+        echo "no wheels in $WHEELS: the peers that are not installed will be reported as missing" >&2
+    fi
+    run "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e .
+    mkdir -p "$RESULTS"
+    if [[ ${DRY_RUN:-0} != 1 ]]; then
+        {
+            nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+            "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'triton', triton.__version__, 'gpu', torch.cuda.is_available())"
+            "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|triton|transformers|liger|trl|datasets|cut|numpy) ' || true
+        } | tee "$RESULTS/env.txt"
+        collect "$RESULTS/env.txt" env.txt
+    fi
+}
+
+bench() {  # bench NAME SHAPES
+    local rc=0
+    logged "bench-$1" "$PY" -m ludic_fast.cli bench --preset gpu --shapes "$2" --out "$RESULTS/$1" || rc=$?
+    collect "$RESULTS/$1/results.md" "$1-results.md"
+    collect "$RESULTS/$1/results.json" "$1-results.json"
+    return "$rc"
+}
+
+stage() {
+    case $1 in
+        test)
+            local rc=0
+            logged test-gpu make test-gpu GPU_PY="$PY" || rc=$?
+            collect "$RESULTS/test-gpu.log" test-gpu.log
+            collect "$RESULTS/key/results.md" key-results.md
+            collect "$RESULTS/key/results.json" key-results.json
+            return "$rc"
+            ;;
+        bench-large) bench large "$LARGE" ;;
+        bench-small) bench small "$SMALL" ;;
+        suite)
+            local rc=0
+            # the gpu-marked tests ran in `test`: here the CPU tests, to show no device default leaks into them
+            logged suite "$PY" -m pytest -q -rs -n 12 -p no:cacheprovider -m "not gpu" tests --ignore=tests/interpret \
+                || rc=$?
+            collect "$RESULTS/suite.log" suite.log
+            return "$rc"
+            ;;
+    esac
+}
+
+if [[ $# -eq 0 ]]; then
+    sed -n '2,15p' "$0"
+    exit 2
+fi
+if [[ $1 == wheels ]]; then
+    download_wheels
+    exit 0
+fi
+for name in "$@"; do
+    case $name in
+        test | bench-large | bench-small | suite) ;;
+        *)
+            echo "unknown stage '$name' (wheels | test | bench-large | bench-small | suite)" >&2
+            exit 2
+            ;;
+    esac
+done
+setup
+status=0
+for name in "$@"; do
+    stage "$name" || status=$?
+done
+exit "$status"
