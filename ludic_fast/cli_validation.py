@@ -76,6 +76,13 @@ def _flag(attr: str) -> str:
     return "--" + attr.replace("_", "-")
 
 
+def as_flags(message: str, args: argparse.Namespace) -> str:
+    """`message` with every identifier that is an attribute of `args` written as its flag
+    ("micro_token_budget (100) must be >= max_seq_len" -> "--micro-token-budget (100) must be >= --max-seq-len")."""
+    names = vars(args)
+    return re.sub(r"\b[a-z][a-z0-9_]*\b", lambda m: _flag(m.group(0)) if m.group(0) in names else m.group(0), message)
+
+
 def check_numbers(args: argparse.Namespace) -> None:
     """Every numeric flag in `_NUMBER_RULES` that is set must be finite and satisfy its rule."""
     for attr, (ok, rule) in _NUMBER_RULES.items():
@@ -200,6 +207,7 @@ def check_task_tokens(rows: list[dict[str, Any]], tokenizer: Any, *, embedded: b
 __all__ = [
     "UsageError",
     "OneLineParser",
+    "as_flags",
     "check_args",
     "check_numbers",
     "check_device",

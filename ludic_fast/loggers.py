@@ -254,7 +254,7 @@ class RichLiveLogger:
 
 
 class WandbLogger:
-    """Weights & Biases logging (`pip install wandb`); imported on construction only."""
+    """Weights & Biases logging (`pip install 'ludic-fast[wandb]'`); imported on construction only."""
 
     def __init__(
         self,
@@ -272,7 +272,7 @@ class WandbLogger:
         try:
             import wandb
         except ImportError as exc:
-            raise ImportError("WandbLogger needs the optional package wandb (pip install wandb)") from exc
+            raise ImportError("WandbLogger needs the optional package wandb: pip install 'ludic-fast[wandb]'") from exc
         kwargs = dict(init_kwargs or {})
         kwargs.setdefault("project", project or os.environ.get("WANDB_PROJECT") or "Ludic")
         for key, value in (

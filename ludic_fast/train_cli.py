@@ -31,7 +31,7 @@ import torch
 
 from ludic_fast import algorithm as presets
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
-from ludic_fast.cli_validation import OneLineParser, UsageError, check_args, check_device, check_task_tokens
+from ludic_fast.cli_validation import OneLineParser, UsageError, as_flags, check_args, check_device, check_task_tokens
 from ludic_fast.loggers import JSONLLogger, PrintLogger, RichLiveLogger, TeeLogger, WandbLogger, plot_curves, read_jsonl
 from ludic_fast.offline_cli import OFFLINE_PRESETS
 from ludic_fast.offline_cli import add_arguments as add_offline_arguments
@@ -434,12 +434,22 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[Any, PromptAnswerTa
     apply_recipe(args)
     check_args(args)
     task = build_task(args)
-    tok = build_tokenizer(args)
+    try:
+        tok = build_tokenizer(args)
+    except (OSError, ValueError) as exc:
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        source = args.tokenizer or args.model
+        raise UsageError(f"--tokenizer/--model: cannot load a tokenizer from {source}: {reason}") from None
     try:
         args.chat_template = resolve_chat_template(tok, args.chat_template)
     except ValueError:
         raise UsageError("--chat-template: the tokenizer has no chat template") from None
     check_task_tokens(task.samples + task.eval_samples, tok, embedded=args.model == "embedded" and not args.tokenizer)
+    for lr, steps, sync in ((args.sft_lr, args.sft_steps, 0), (args.lr, args.rl_steps, 1)):
+        try:  # the trainer's own cross-field checks, before anything runs
+            _trainer_config(args, tok, lr=lr, steps=steps, sync=sync)
+        except ValueError as exc:
+            raise UsageError(as_flags(str(exc), args)) from None
     return tok, task
 
 

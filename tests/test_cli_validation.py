@@ -62,6 +62,8 @@ def test_subprocess_errors_exit_2_with_one_line(tmp_path, argv, message):
         (["--reward", "fuzzy"], "--reward: reward must be one of"),
         (["--resume"], "--resume needs --output-dir"),
         (["--preset", "sft"], "argument --preset: invalid choice: 'sft'"),
+        (["--max-seq-len", "200", "--micro-token-budget", "100"],
+         "--micro-token-budget (100) must be > 0 and >= --max-seq-len (200)"),
         (["--group-size", "two"], "argument --group-size: invalid int value: 'two'"),
     ],
 )
@@ -114,6 +116,12 @@ def test_task_file_errors_name_file_and_line(tmp_path, capsys):
     assert "exclude each other" in one_line_error(
         capsys, ["train", "--task", str(one), "--eval-task", str(ok), "--eval-on-train"]
     )
+
+
+def test_model_directory_without_a_tokenizer(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    line = one_line_error(capsys, ["train", "--model", str(tmp_path)])
+    assert f"--tokenizer/--model: cannot load a tokenizer from {tmp_path}: " in line
 
 
 def test_check_pretrained_local_directory(tmp_path, monkeypatch):

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 import torch
 from common import add_pipeline_args
 
+from ludic_fast.cli_validation import UsageError
 from ludic_fast.distributed.pipeline import PipelineKeys, PipelineProducer, run_pipeline_actor
 from ludic_fast.distributed.publish import RedisWeightSubscriber
 from ludic_fast.rollout import RolloutBatchSource, SamplingConfig
-from ludic_fast.train_cli import build_engine, build_model_and_tokenizer, build_parser, build_task, make_algorithm
+from ludic_fast.train_cli import build_engine, build_model_and_tokenizer, build_parser, make_algorithm, prepare
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,15 +38,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     max_queued = args.max_queued if args.max_queued is not None else 4 * args.prompts_per_batch * args.group_size
+    try:
+        tok, task = prepare(args, "train")  # the same input checks as `ludic-fast train`
+    except UsageError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    model, tok = build_model_and_tokenizer(args)  # the architecture; the weights come from the learner
+    model, tok = build_model_and_tokenizer(args, tok)  # the architecture; the weights come from the learner
     engine = build_engine(args, model.to(args.device), tok)  # --engine hf (transformers generate) or vllm
     algo = make_algorithm(args)
     rollouts = RolloutBatchSource(
         engine=engine,
-        task=build_task(args),
+        task=task,
         tokenizer=tok,
         credit_assigner=algo.credit_assigner,
         prompts_per_batch=args.prompts_per_batch,

@@ -11,9 +11,12 @@ wait for them. See docs/distributed.md.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from common import add_pipeline_args
 
+from ludic_fast.cli_validation import UsageError
 from ludic_fast.distributed.pipeline import PipelineBatchSource, PipelineKeys
 from ludic_fast.distributed.publish import RedisWeightPublisher
 from ludic_fast.stats import default_reducers
@@ -21,8 +24,8 @@ from ludic_fast.train_cli import (
     build_console_logger,
     build_model_and_tokenizer,
     build_parser,
-    build_task,
     make_algorithm,
+    prepare,
     run_sft,
 )
 from ludic_fast.trainer import Trainer, TrainerConfig
@@ -32,12 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser("examples/pipeline_rl/learner.py")
     add_pipeline_args(parser)
     args = parser.parse_args(argv)
+    try:
+        tok, task = prepare(args, "train")  # the same input checks as `ludic-fast train`
+    except UsageError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    model, tok = build_model_and_tokenizer(args)
+    model, tok = build_model_and_tokenizer(args, tok)
     logger = build_console_logger(args.logger)
     if args.sft_steps > 0:
-        model = run_sft(args, model, tok, build_task(args), logger)
+        model = run_sft(args, model, tok, task, logger)
     keys = PipelineKeys(args.prefix)
     publisher = RedisWeightPublisher(args.redis_url, keys=keys)
     publisher.publish({n: p.detach() for n, p in model.named_parameters()}, version=0)  # what actors start from

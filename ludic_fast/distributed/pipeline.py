@@ -34,8 +34,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
-import redis
+try:
+    import msgpack
+    import redis
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("pipeline RL over Redis needs redis and msgpack: pip install 'ludic-fast[redis]'") from exc
 
 from ludic_fast.distributed.redis_conn import ReconnectingRedis, ensure_group
 from ludic_fast.types import SAWBatch, SAWItem

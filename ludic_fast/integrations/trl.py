@@ -46,7 +46,7 @@ try:
     from trl import GRPOTrainer
     from trl.trainer.utils import nanmax, nanmin
 except ImportError as exc:  # pragma: no cover - exercised only without trl
-    raise ImportError("ludic_fast.integrations.trl needs TRL: pip install 'trl>=1.16'") from exc
+    raise ImportError("ludic_fast.integrations.trl needs TRL: pip install 'ludic-fast[trl]'") from exc
 
 _CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 _LOG_PROB_LOSSES = ("cispo", "vespo")

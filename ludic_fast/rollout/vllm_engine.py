@@ -65,7 +65,10 @@ class VLLMEngine:
         import os
 
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights reachable
-        from vllm import LLM
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ImportError("VLLMEngine needs vllm: pip install 'ludic-fast[vllm]'") from exc
 
         self.llm = LLM(
             model=model,
