@@ -180,7 +180,8 @@ def test_outputs_round_trip_and_plot(tmp_path):
 
 
 def test_cli_runs_each_case_in_a_subprocess(tmp_path):
-    rc = cli.main(["bench", "--workloads", "cispo", "--impls", "ours-fused,verl", "--n", "48", "--d", "16",
+    rc = cli.main(["bench", "--device", "cpu", "--workloads", "cispo", "--impls", "ours-fused,verl", "--n", "48",
+                   "--d", "16",
                    "--v", "257", "--seq-len", "16", "--repeats", "2", "--threads", "1", "--check-tokens", "16",
                    "--out", str(tmp_path)])
     assert rc == 0

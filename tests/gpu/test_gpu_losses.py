@@ -1,5 +1,6 @@
-"""Every loss of `ludic_fast.losses` x {fused, generic} x {padded, packed} on the test's device (backend auto:
-triton on CUDA) against its reference twin on materialised float64 logits; `linear_cross_entropy`; and CISPO /
+"""Every loss of `ludic_fast.losses` (the RL losses and the preference losses it re-exports) x {fused, generic}
+x {padded, packed} on the test's device (backend auto: triton on CUDA) against its reference twin on
+materialised float64 logits; `linear_cross_entropy`; and CISPO /
 token-clipped PPO at a real vocabulary (V=151936, bf16) on CUDA. Tolerances: `_gpu` (fp32 gradients 1e-4
 relative; losses and statistics OUT_TOL)."""
 
@@ -9,6 +10,9 @@ import pytest
 import torch
 from _gpu import GRAD_TOL, close_outputs, grad_err, on
 from test_losses_common import CASES, make_batch, rel_err, to_packed
+from test_preference import CASES as PREFERENCE_CASES
+from test_preference import CHUNKS as PREFERENCE_CHUNKS
+from test_preference import make_pairs, pack
 
 from ludic_fast import linear_cross_entropy
 from ludic_fast import losses as L
@@ -52,6 +56,32 @@ def test_loss_matches_reference(device, case, path, layout):
             assert abs(float(stats[k]) - float(v)) <= LOSS_TOL * max(1.0, abs(float(v))), (k, stats[k], v)
     for name, g, rg in zip(("hidden", "weight", "bias"), grads, ref_grads):
         assert g.device.type == device and grad_err(g, rg) <= GRAD_TOL[torch.float32], (name, grad_err(g, rg))
+
+
+def _preference_params():
+    return [on(device, case, path, layout, id=f"{device}-{case[0]}-{path}-{layout}") for device in ("cpu", "cuda")
+            for case in PREFERENCE_CASES for path in ("fused", "generic") for layout in ("padded", "packed")]
+
+
+@pytest.mark.parametrize("device,case,path,layout", _preference_params())
+def test_preference_loss_matches_reference(device, case, path, layout):
+    name, ours_fn, ref_fn = case
+    batch, h, W, b = make_pairs(0, kto=name.startswith("kto"))
+    ref_loss, ref_stats = ref_fn(batch, logits=R.head_logits(h.double(), W.double(), b.double()))
+    ref_grads = torch.autograd.grad(ref_loss, (h, W, b))
+    batch_d, (hd, Wd, bd) = _on(device, batch, h, W, b)
+    h_in = hd
+    if layout == "packed":
+        batch_d, h_in = pack(batch_d, hd)
+        batch_d["cu_seqlens"] = batch_d["cu_seqlens"].to(device)
+    loss, stats = ours_fn(batch_d, hidden=h_in, weight=Wd, bias=bd, fused=path == "fused",
+                          chunk_elements=PREFERENCE_CHUNKS["one_pass"])
+    grads = torch.autograd.grad(loss, (hd, Wd, bd))
+    assert loss.device.type == device and rel_err(loss.cpu(), ref_loss) <= LOSS_TOL, (float(loss), float(ref_loss))
+    for k, v in ref_stats.items():
+        assert abs(float(stats[k]) - float(v)) <= LOSS_TOL * max(1.0, abs(float(v))), (k, stats[k], v)
+    for gname, g, rg in zip(("hidden", "weight", "bias"), grads, ref_grads):
+        assert grad_err(g, rg) <= GRAD_TOL[torch.float32], (gname, grad_err(g, rg))
 
 
 @pytest.mark.parametrize("device", [on("cpu", id="cpu"), on("cuda", id="cuda")])
