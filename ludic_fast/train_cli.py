@@ -410,7 +410,7 @@ def summary_line(summary: dict[str, Any], n: int = 10) -> str:
             f"RL reward: first-{n} mean {summary[f'first{n}_mean']:.3f}, last-{n} mean "
             f"{summary[f'last{n}_mean']:.3f} (gain {summary['gain']:+.3f})"
         )
-    return f"{reward}; {summary['wall_time_s']:.0f} s; curves: {summary.get('png', '-')}"
+    return f"{reward}; {summary['wall_time_s']:.3g} s; curves: {summary.get('png', '-')}"
 
 
 def default_output_dir(args: argparse.Namespace, command: str) -> str:

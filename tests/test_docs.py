@@ -14,12 +14,11 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TOP_DIRS = ("bench/", "docs/", "examples/", "ludic_fast/", "kernels/", "tests/", "tools/")
 #: pointers to material outside the shipped project
 FORBIDDEN = re.compile(r"\bref/[\w-]+\.md|(?-i:\bDESIGN\b)|\.\./shared|issue notes|\bissue \d+|/work/", re.IGNORECASE)
-#: ludic_fast/benchmark is owned by the benchmark work and cleaned there
 SOURCES = [
     p
     for p in [*ROOT.glob("ludic_fast/**/*.py"), *ROOT.glob("examples/**/*.py"), *ROOT.glob("tools/*.py"),
               *ROOT.glob("tests/**/*.py")]
-    if "benchmark" not in p.parts and p.name != "test_docs.py"
+    if p.name != "test_docs.py"
 ]
 
 

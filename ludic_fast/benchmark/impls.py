@@ -259,7 +259,7 @@ def _build_liger(workload: Workload, inp: Inputs) -> Step:
 
 
 def trl_policy_loss(lp: Tensor, batch: dict[str, Tensor], args: dict) -> Tensor:
-    """TRL 1.16's GRPO-family loss on per-token logprobs lp [B, T-1] (ref/trl-1.16-grpo.md), one process,
+    """TRL 1.16's GRPO-family loss on per-token logprobs lp [B, T-1] (huggingface/trl v1.16 GRPOTrainer), one process,
     no gradient accumulation: r = exp(lp - old) (sequence level: exp of the masked mean log-ratio);
     cispo: -sg(min(r, eps_high)) A lp normalised by the batch's loss tokens; grpo: -min(rA, clip(r)A),
     the mean over rows of each row's masked token mean."""
