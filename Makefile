@@ -44,7 +44,7 @@ test-gpu:
 	  'make test-gpu needs a CUDA GPU: torch ' + torch.__version__ + ' sees none')"
 	$(GPU_PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(GPU_PY) tools/gpu_requirements.py | xargs -r $(GPU_PY) -m pip install -q
-	$(GPU_PY) -m pytest -q -rs -m "gpu or interpret" tests/gpu tests/interpret tests/test_losses_triton.py
+	$(GPU_PY) -m pytest -q -rs --durations=15 -m "gpu or interpret" tests/gpu tests/interpret tests/test_losses_triton.py
 	$(GPU_PY) -m ludic_fast.cli bench --preset gpu-key
 
 lint: $(STAMP)

@@ -195,3 +195,19 @@ def test_cli_runs_each_case_in_a_subprocess(tmp_path):
     assert "load average after" in meta and (tmp_path / "results.md").exists()
     with pytest.raises(SystemExit):
         cli.main(["--workloads", "nope", "--out", str(tmp_path)])
+
+
+def test_cli_one_process_with_explicit_shapes(tmp_path, capsys):
+    rc = cli.main(["--device", "cpu", "--workloads", "sft", "--impls", "ours-generic,reference,ours-torch",
+                   "--shapes", "48x16x257", "--one-process", "--repeats", "1", "--warmup", "0", "--threads", "1",
+                   "--check-tokens", "16", "--out", str(tmp_path)])
+    assert rc == 0
+    loaded, meta = cli.load_results(tmp_path / "results.json")
+    assert [(r.impl, r.status) for r in loaded] == [("ours-generic", "ok"), ("reference", "ok"),
+                                                    ("ours-torch", "skipped")]
+    assert loaded[0].shape.label() == "N=48 D=16 V=257 float32" and loaded[0].errors["loss"] < 1e-5
+    assert "every case in one process" in meta["runs"] and "torch" in meta["versions"]
+    printed = capsys.readouterr().out
+    assert "| sft | N=48 D=16 V=257 float32 | ours-generic |" in printed  # the summary table comes last
+    with pytest.raises(SystemExit):
+        cli.main(["--shapes", "48x16", "--out", str(tmp_path)])
