@@ -53,6 +53,8 @@ class FusedPlan:
     # coupled losses whose tokens couple only within groups (e.g. a preference pair): the sorted token offsets
     # where each group starts. When every group fits one row chunk, chunks keep groups whole: one pass (6NDV).
     groups: list[int] | None = None
+    # triton backend: token rows whose d(raw) is staged for one dW GEMM (None: one chunk; see _DwStage)
+    dw_stage_rows: int | None = None
 
 
 class _RowEpilogue:
@@ -139,14 +141,14 @@ class _TorchSlices:
 class _TritonRows:
     """One token chunk on the triton backend: a cuBLAS GEMM writes fp32 raw logits into the call's workspace
     `ws_buf` (beta = 0), the Triton row kernel (`triton_head.workspace_head_rows_`) forms statistics, then
-    writes d(raw) in the GEMM operand dtype over the same memory, and cuBLAS reads it for
-    dh[rows] = d(raw) W (one contribution per row: written in the input dtype) and dW (+)= d(raw)^T h
-    (the first chunk overwrites dW, later ones accumulate)."""
+    writes d(raw) in the GEMM operand dtype (over the workspace's own memory, or into `stage`'s buffer), and
+    cuBLAS reads it for dh[rows] = d(raw) W (one contribution per row: written in the input dtype); `stage`
+    forms dW."""
 
-    def __init__(self, head: ChunkedHead, plan: FusedPlan, rows: slice, ws_buf: Tensor, first_dw: bool):
+    def __init__(self, head: ChunkedHead, plan: FusedPlan, rows: slice, ws_buf: Tensor, stage: _DwStage):
         from ludic_fast.ops.triton_head import gemm_into
 
-        self.head, self.plan, self.rows, self.first_dw = head, plan, rows, first_dw
+        self.head, self.plan, self.rows, self.stage = head, plan, rows, stage
         self.h_c = head.h_rows(rows)
         self.w = head.weight.to(head.compute_dtype)
         self.ws = ws_buf[: rows.stop - rows.start]
@@ -161,17 +163,70 @@ class _TritonRows:
         return workspace_head_rows_(self.ws, self.tgt, self.inv_t, entropy=self.plan.with_entropy, **self.kw)
 
     def backward_(self, lse, ez, g_lp, g_H, dh, dW, db) -> None:
+        """dW is the stage's (the argument is the same buffer)."""
         from ludic_fast.ops.triton_head import gemm_into, operand_view, workspace_head_rows_
 
-        d = operand_view(self.ws, self.h_c.dtype)
+        d = self.stage.out(self.rows)
+        d = operand_view(self.ws, self.h_c.dtype) if d is None else d
         workspace_head_rows_(self.ws, self.tgt, self.inv_t, entropy=g_H is not None, lse=lse, ez=ez, g_lp=g_lp,
                              g_H=g_H, out=d, **self.kw)
         if db is not None:
             db += d.sum(0, dtype=torch.float32)
         if dh is not None:
             gemm_into(dh[self.rows], d, self.w, accumulate=False)
-        if dW is not None:
-            gemm_into(dW, d.T, self.h_c, accumulate=not self.first_dw)
+        self.stage.add_(self.rows, d, self.h_c)
+
+
+class _DwStage:
+    """dW (+)= d(raw)^T h over groups of consecutive token chunks of at most `stage_rows` tokens.
+
+    With several chunks in a group, each chunk's d(raw) is written (input dtype) into its rows of a
+    [group rows, V] staging buffer and the group takes one dW GEMM, so an fp32 dW is read-modify-written once
+    per group rather than once per chunk, and a single group needs no fp32 dW at all (written once in the input
+    dtype). With one chunk per group d(raw) stays in the chunk's workspace memory. The first group's GEMM
+    overwrites dW (beta = 0), later ones accumulate."""
+
+    def __init__(self, chunks: list[slice], stage_rows: int, head: ChunkedHead, need_dw: bool):
+        from ludic_fast.ops.triton_head import new_workspace
+
+        self.head = head
+        self.groups: list[slice] = []
+        for rows in chunks:
+            g = self.groups[-1] if self.groups else None
+            if g is not None and rows.stop - g.start <= stage_rows:
+                self.groups[-1] = slice(g.start, rows.stop)
+            else:
+                self.groups.append(rows)
+        self.group_of = {}  # chunk start -> its group
+        for g in self.groups:
+            self.group_of.update({c.start: g for c in chunks if g.start <= c.start < g.stop})
+        staged = len(self.groups) < len(chunks)
+        width = max((g.stop - g.start for g in self.groups), default=0)
+        self.buf = new_workspace(width, head.V, head.hidden.device, head.compute_dtype) if staged else None
+        # one group: each dW row gets one contribution, written in the input dtype; else an fp32 accumulator
+        dtype = head.compute_dtype if len(self.groups) <= 1 else head.acc
+        alloc = torch.empty if self.groups else torch.zeros
+        self.dW = alloc(head.weight.shape, device=head.hidden.device, dtype=dtype) if need_dw else None
+
+    def out(self, rows: slice) -> Tensor | None:
+        """Where the chunk writes d(raw): its rows of the staging buffer, or None (its own workspace)."""
+        if self.buf is None:
+            return None
+        g0 = self.group_of[rows.start].start
+        return self.buf[rows.start - g0 : rows.stop - g0]
+
+    def add_(self, rows: slice, d: Tensor, h_c: Tensor) -> None:
+        """After the chunk's d(raw) is written: the group's dW GEMM once its last chunk is in."""
+        from ludic_fast.ops.triton_head import gemm_into
+
+        g = self.group_of[rows.start]
+        if self.dW is None or rows.stop != g.stop:
+            return
+        first = g.start == self.groups[0].start
+        if self.buf is None:
+            gemm_into(self.dW, d.T, h_c, accumulate=not first)
+        else:
+            gemm_into(self.dW, self.buf[: g.stop - g.start].T, self.head.h_rows(g), accumulate=not first)
 
 
 def _token_grads(objective: Objective, lp: Tensor, H: Tensor | None, rows: slice | None):
@@ -207,19 +262,19 @@ class FusedLossFunction(torch.autograd.Function):
         group_chunks = _group_chunks(plan.groups, head.n_chunk, n) if plan.coupled else None
         chunks = list(head.row_chunks()) if group_chunks is None else group_chunks
         db = torch.zeros(V, **acc) if (need_b and bias is not None) else None
-        if chunk_cls is _TritonRows:  # lean buffers: see _TritonRows
+        if chunk_cls is _TritonRows:  # lean buffers: see _TritonRows and _DwStage
             from ludic_fast.ops.triton_head import new_workspace
 
             ws_buf = new_workspace(max((c.stop - c.start for c in chunks), default=0), V, hidden.device)
-
-            def make(rows: slice):
-                return _TritonRows(head, plan, rows, ws_buf, first_dw=rows.start == chunks[0].start)
-
+            stage_rows = plan.dw_stage_rows or head.n_chunk
             lowp = {"device": hidden.device, "dtype": head.compute_dtype}
             dh = torch.empty(n, hidden.shape[1], **lowp) if need_h else None
-            # one token chunk: each dW row gets one contribution, written in the input dtype; else fp32
-            dw_kind = lowp if len(chunks) == 1 else acc
-            dW = (torch.empty if chunks else torch.zeros)(weight.shape, **dw_kind) if need_w else None
+            stage = _DwStage(chunks, stage_rows, head, need_w)
+            dW = stage.dW
+
+            def make(rows: slice):
+                return _TritonRows(head, plan, rows, ws_buf, stage)
+
         else:
 
             def make(rows: slice):

@@ -1,7 +1,9 @@
 """The fused-loss mode on the triton backend (GEMM + row kernel, d(raw) written in the operand dtype over the
-fp32 workspace) against the reference, with low-precision inputs: one token chunk (dh and dW written once in
-the input dtype) and several (fp32 dW, the first chunk with beta = 0), a token-local objective with logprob
-and entropy terms, a coupled one (two passes), and a grad_output that is not 1."""
+fp32 workspace or into the dW staging buffer) against the reference, with low-precision inputs: one token
+chunk (dh and dW written once in the input dtype), several chunks each with its own dW GEMM (fp32 dW, the
+first with beta = 0), chunks staged into groups (two groups: fp32 dW; one group: dW in the input dtype), a
+token-local objective with logprob and entropy terms, a coupled one (two passes), and a grad_output that is
+not 1."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from ludic_fast.ops.torch_head import HeadTransform
 
 pytestmark = MARKS
 
-N, V, D = 24, 1021, 40
+N, V, D = 40, 1021, 40
 
 
 def _inputs(dtype, seed=0):
@@ -43,25 +45,33 @@ def _objective(coef, coupled):
 
 
 @pytest.mark.parametrize("coupled", [False, True], ids=["token-local", "coupled"])
-@pytest.mark.parametrize("chunk_elements", [None, 16 * V], ids=["one-chunk", "two-chunks"])
+@pytest.mark.parametrize(
+    "chunk_elements,stage_rows,staged,groups",
+    [(None, None, False, 1), (16 * V, None, False, 3), (16 * V, 32, True, 2), (16 * V, 40, True, 1)],
+    ids=["one-chunk", "three-chunks", "staged-two-groups", "staged-one-group"],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_fused_loss_triton_matches_reference(dtype, chunk_elements, coupled, monkeypatch):
+def test_fused_loss_triton_matches_reference(dtype, chunk_elements, stage_rows, staged, groups, coupled, monkeypatch):
     from ludic_fast.ops import fused_loss
 
     calls = []
     backward = fused_loss._TritonRows.backward_
-    monkeypatch.setattr(fused_loss._TritonRows, "backward_", lambda self, *a: (calls.append(self.first_dw),
-                                                                                backward(self, *a))[1])
+
+    def spy(self, *args):
+        calls.append((self.stage.out(self.rows) is not None, len(self.stage.groups)))
+        return backward(self, *args)
+
+    monkeypatch.setattr(fused_loss._TritonRows, "backward_", spy)
     h, w, targets, inv_t, coef = _inputs(dtype)
     objective = _objective(coef.to(DEVICE), coupled)
     transform = HeadTransform(1.0, None, inv_t.to(DEVICE))
     plan = FusedPlan(transform, objective, coupled=coupled, with_entropy=True, chunk_elements=chunk_elements,
-                     backend="triton")
+                     backend="triton", dw_stage_rows=stage_rows)
     hd, wd = (x.to(DEVICE).requires_grad_() for x in (h, w))
     loss, lp, H = fused_head_loss(hd, wd, None, targets.to(DEVICE), plan)
     grad_out = torch.tensor(0.3, device=DEVICE)  # not a power of two: the stored gradients are rescaled
     dh, dw = torch.autograd.grad(loss, (hd, wd), grad_out)
-    assert calls == ([True] if chunk_elements is None else [True, False]), "the triton chunk path did not run"
+    assert calls == [(staged, groups)] * (1 if chunk_elements is None else 3), "not the expected triton schedule"
 
     hr, wr = (x.float().requires_grad_() for x in (h, w))
     ref = reference.linear_logprobs(hr, wr, targets, temperature=inv_t.reciprocal().float())
