@@ -93,13 +93,14 @@ def test_linear_cross_entropy(device, reduction):
     w = torch.randn(v, d, generator=g) / d**0.5
     y = torch.randint(0, v, (n,), generator=g)
     y[::5] = -100
-    h64, w64 = h.double().requires_grad_(), w.double().requires_grad_()
-    ref = R.linear_cross_entropy(h64, w64, y, reduction=reduction)
+    # the float64 reference on the same device (4096 x 151936 float64 logits on CUDA)
+    h64, w64 = (x.double().to(device).requires_grad_() for x in (h, w))
+    ref = R.linear_cross_entropy(h64, w64, y.to(device), reduction=reduction)
     hd, wd = (x.to(device).requires_grad_() for x in (h, w))
     got = linear_cross_entropy(hd, wd, y.to(device), reduction=reduction)
     close_outputs(got, ref, f"cross-entropy ({reduction})")
     upstream = torch.randn(got.shape, generator=g)
-    ref_grads = torch.autograd.grad(ref, (h64, w64), upstream.double())
+    ref_grads = torch.autograd.grad(ref, (h64, w64), upstream.double().to(device))
     grads = torch.autograd.grad(got, (hd, wd), upstream.to(device))
     for name, gg, rg in zip(("hidden", "weight"), grads, ref_grads):
         assert grad_err(gg, rg) <= GRAD_TOL[torch.float32], (name, grad_err(gg, rg))
