@@ -599,6 +599,7 @@ class Trainer:
             "skipped_steps": self.skipped_steps,
             "ref_resets": self.ref_resets,
             "kl_ref_ema": self.kl_ref_ema,
+            "grad_scaler": None if self.scaler is None else self.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "python_random": _py_random_state(),
             "config": {k: v for k, v in asdict(self.cfg).items() if isinstance(v, (int, float, str, bool, type(None)))},
@@ -639,6 +640,8 @@ class Trainer:
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.ref_resets = int(state.get("ref_resets", 0))
         self.kl_ref_ema = state.get("kl_ref_ema")
+        if self.scaler is not None and state.get("grad_scaler"):
+            self.scaler.load_state_dict(state["grad_scaler"])
         if "python_random" in state:
             random.setstate(_py_random_from_json(state["python_random"]))
         tensors = state.get("tensors", {})

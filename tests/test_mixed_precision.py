@@ -67,3 +67,20 @@ def test_fp16_loss_scale_steps_and_skips_an_overflow():
 def test_mixed_precision_dtype_validation():
     with pytest.raises(ValueError, match="mixed_precision_dtype"):
         TrainerConfig(model_device="cpu", pad_token_id=0, mixed_precision_dtype="fp8")
+
+
+def test_fp16_loss_scale_is_checkpointed(tmp_path):
+    from ludic_fast.checkpoint import CheckpointConfig
+
+    items = make_items(3, seed=4)
+    ckpt = CheckpointConfig(str(tmp_path), every_n_steps=0)
+    cfg = dict(model_device="cpu", pad_token_id=0, sync_every_steps=0, max_seq_len=16, micro_token_budget=64,
+               mixed_precision_dtype="fp16")
+    trainer = Trainer(model=tiny_model(), algo=make_cispo(group_size=1), batch_source=ListSource([items]),
+                      cfg=TrainerConfig(**cfg), checkpoint_config=ckpt)
+    trainer.train_step_sync()
+    trainer.scaler.update(new_scale=1024.0)
+    trainer.save_checkpoint()
+    resumed = Trainer(model=tiny_model(), algo=make_cispo(group_size=1), batch_source=ListSource([items]),
+                      cfg=TrainerConfig(**cfg), checkpoint_config=ckpt, resume_from="latest")
+    assert resumed.scaler.get_scale() == 1024.0
