@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
-from . import head_fwd, head_merge, head_rows
+from . import divergence_rows, head_fwd, head_merge, head_rows
 
 ARCHS = (80, 90)
 NVIDIA_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -31,7 +31,7 @@ NVIDIA_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia"
 class KernelSpec(NamedTuple):
     name: str
     fn: Any  # triton JITFunction
-    pointer_types: dict[str, str]  # pointer argument -> "*bf16" etc. (others default to *fp32)
+    pointer_types: dict[str, str]  # argument -> "*bf16", "fp32" etc. (pointers default to *fp32, scalars to i32)
     constexprs: dict[str, Any]
     options: dict[str, int]
     tensor_cores: bool  # tl.dot on bf16/fp16 operands: mma.sync on sm_80, wgmma on sm_90
@@ -79,6 +79,12 @@ SPECS = (
          "NARROW": True, "ROWS": head_rows.ROWS, "BLOCK_V": head_rows.BLOCK_V},
         {"num_warps": head_rows.NUM_WARPS}, False,
     ),
+    *(KernelSpec(  # every feature on: biases, hard-label mixing, the gradient sweep; per divergence kind
+        f"divergence_rows[{kind}]", divergence_rows.divergence_rows_kernel,
+        {"tgt_ptr": "*i32", "inv_t": "fp32", "beta": "fp32", "hard": "fp32"},
+        {"KIND": k, "HAS_BS": True, "HAS_BT": True, "HARD": True, "GRAD": True, "BLOCK_V": divergence_rows.BLOCK_V},
+        {"num_warps": divergence_rows.NUM_WARPS}, False,
+    ) for k, kind in enumerate(("forward_kl", "reverse_kl", "jsd"))),
 )
 
 
@@ -97,7 +103,7 @@ def signature(spec: KernelSpec) -> tuple[dict[str, str], dict[str, object], dict
         if arg in constexprs:
             sig[arg] = "constexpr"
             continue
-        sig[arg] = spec.pointer_types.get(arg, "*fp32") if arg.endswith("_ptr") else "i32"
+        sig[arg] = spec.pointer_types.get(arg, "*fp32" if arg.endswith("_ptr") else "i32")
         if arg.endswith("_ptr") or arg in DIVISIBLE_BY_16:
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, constexprs, attrs

@@ -21,8 +21,12 @@ Token chunks of `rows = memory_budget / (16 V)` rows (four fp32 [rows, V] buffer
 chunk is computed under no_grad and dropped with the chunk. For 'mean' and 'sum' the student's gradient is
 formed in the forward (2 N V (D_s + D_t) + 4 N V D_s FLOPs in all; the backward only scales it); for 'none'
 the backward recomputes both heads with the upstream per-token gradient. Gradients reach the student's
-hidden, weight and bias only. The two heads may have different hidden sizes and dtypes. Torch path, any
-device (no Triton epilogue yet: on CUDA the same chunk code runs with cuBLAS GEMMs and torch elementwise).
+hidden, weight and bias only. The two heads may have different hidden sizes and dtypes.
+
+Backends: 'torch' (any device: the chunk's epilogue as in-place torch ops over the logits) and 'triton'
+(CUDA, or CPU under TRITON_INTERPRET=1): cuBLAS GEMMs write both raw-logits chunks, one Triton row kernel
+(`ludic_fast.kernels.divergence_rows`) forms the loss and writes d(raw) over the student's chunk in two or
+three sweeps, cuBLAS forms dh and dW.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class _Spec:
     inv_t: float
     hard_weight: float
     rows: int
+    backend: str = "torch"
 
 
 def _acc_dtype(*tensors: Tensor) -> torch.dtype:
@@ -115,6 +120,24 @@ def _weights(valid: Tensor, reduction: str) -> Tensor:
     return w / w.sum().clamp(min=1.0) if reduction == "mean" else w
 
 
+def _triton_chunk(spec, h_c, Ws, bs, h_t, Wt, bt, tgt, token_w):
+    """(per-token loss, d(raw) · T) of one chunk by the Triton row kernel over fp32 GEMM workspaces."""
+    from ludic_fast.kernels.divergence_rows import launch_divergence_rows
+
+    n = h_c.shape[0]
+    zs = gemm_f32(h_c, Ws.T.to(h_c.dtype)).contiguous()
+    zt = gemm_f32(h_t, Wt.T.to(h_t.dtype)).contiguous()
+    dev = zs.device
+    t32 = torch.full((n,), -1, dtype=torch.int32, device=dev) if tgt is None else tgt.to(torch.int32).contiguous()
+    w = torch.zeros(n, dtype=torch.float32, device=dev) if token_w is None else token_w.float().contiguous()
+    loss = torch.empty(n, dtype=torch.float32, device=dev)
+    hard = spec.hard_weight if tgt is not None else 0.0
+    launch_divergence_rows(zs, zt, None if bs is None else bs.float().contiguous(),
+                           None if bt is None else bt.float().contiguous(), t32, w, loss, spec.inv_t, spec.beta,
+                           hard, KINDS.index(spec.kind), token_w is not None)
+    return loss, zs if token_w is not None else None
+
+
 def _reduce(losses: Tensor, valid: Tensor, reduction: str) -> Tensor:
     if reduction == "none":
         return losses
@@ -137,15 +160,20 @@ def _sweep(spec, hs, Ws, bs, ht, Wt, bt, tgt, token_w, grads):
     for r0 in range(0, n, spec.rows):
         rows = slice(r0, min(n, r0 + spec.rows))
         h_c = hs[rows]
-        zs = _logits(h_c, Ws, bs, spec.inv_t, acc)
-        zt = _logits(ht[rows], Wt, bt, spec.inv_t, _acc_dtype(ht, Wt)).to(zs.dtype)
-        loss, dz = _chunk(spec, zs, zt, None if tgt is None else tgt[rows], grads is not None)
+        t_c = None if tgt is None else tgt[rows]
+        if spec.backend == "triton" and acc == torch.float32:  # the kernel writes d(raw) = w dloss/dz_s / T
+            loss, d_raw = _triton_chunk(spec, h_c, Ws, bs, ht[rows], Wt, bt, t_c,
+                                        None if grads is None else token_w[rows])
+        else:
+            zs = _logits(h_c, Ws, bs, spec.inv_t, acc)
+            zt = _logits(ht[rows], Wt, bt, spec.inv_t, _acc_dtype(ht, Wt)).to(zs.dtype)
+            loss, dz = _chunk(spec, zs, zt, t_c, grads is not None)
+            del zt
+            d_raw = None if dz is None else dz.mul_((token_w[rows] * spec.inv_t).to(dz.dtype)[:, None])
         losses[rows] = loss
-        del zt
         if grads is None:
             continue
         dh, dW, db = grads
-        d_raw = dz.mul_((token_w[rows] * spec.inv_t).to(dz.dtype)[:, None])
         if db is not None:
             db.add_(d_raw.sum(0))
         d_lo = d_raw.to(h_c.dtype) if h_c.is_cuda else d_raw
@@ -219,6 +247,7 @@ def linear_divergence(
     b_student: Tensor | None = None,
     b_teacher: Tensor | None = None,
     memory_budget: int | None = None,
+    backend: str = "auto",
 ) -> Tensor:
     """Divergence between student and teacher next-token distributions (module docstring), fused with both
     LM heads: `h_student [..., D_s]`, `W_student [V, D_s]`, `h_teacher [..., D_t]`, `W_teacher [V, D_t]`
@@ -226,7 +255,10 @@ def linear_divergence(
     nothing; with `hard_weight` α the loss is (1 - α) D + α CE). `kind` forward_kl | reverse_kl | jsd
     (β = `beta` in (0, 1)). `memory_budget`: bytes of transient chunk buffers (default 4 x 64 Mi fp32
     elements). Returns a 0-d tensor ('mean', 'sum') or per-token losses of the leading shape ('none');
-    differentiable w.r.t. the student's hidden, weight and bias."""
+    differentiable w.r.t. the student's hidden, weight and bias. `backend` 'auto' (triton on CUDA, else
+    torch), 'torch' or 'triton' (CUDA, or CPU under TRITON_INTERPRET=1; float64 inputs run the torch path)."""
+    from ludic_fast.ops import resolve_backend
+
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if reduction not in REDUCTIONS:
@@ -264,7 +296,8 @@ def linear_divergence(
     if memory_budget is not None and memory_budget <= 0:
         raise ValueError(f"memory_budget must be > 0 bytes, got {memory_budget}")
     budget = 16 * default_chunk_elements() if memory_budget is None else int(memory_budget)
-    spec = _Spec(kind, float(beta), 1.0 / float(temperature), float(hard_weight), max(1, budget // (16 * V)))
+    spec = _Spec(kind, float(beta), 1.0 / float(temperature), float(hard_weight), max(1, budget // (16 * V)),
+                 resolve_backend(backend, h_student.device))
     bt = None if b_teacher is None else b_teacher.detach()
     out = LinearDivergenceFunction.apply(hs, W_student, b_student, ht, W_teacher.detach(), bt, tgt, valid, spec,
                                          reduction)
