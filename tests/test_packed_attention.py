@@ -185,3 +185,23 @@ def test_the_probe_refuses_inputs_that_mix_sequences(attn):
         check_packed_attention(model, _OldInputs(path="position_ids", attn_implementation=attn))
     errors = check_packed_attention(model, resolve_packed_attention(model))
     assert errors["isolation"] == 0.0 and errors["positions"] < 1e-5
+
+
+def test_packed_equals_padded_through_a_peft_lora_wrapper():
+    """The packed attention inputs pass through PeftModel's forward: same loss and adapter gradients."""
+    peft = pytest.importorskip("peft")
+    items, model, out = make_items(6, seed=3), _model("llama", "sdpa"), {}
+    for layout in ("padded", "packed"):
+        torch.manual_seed(0)  # same LoRA init
+        lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0,
+                               init_lora_weights=False)
+        trainer = Trainer(model=copy.deepcopy(model), algo=make_cispo(group_size=1), lora_config=lora,
+                          batch_source=ListSource([items]),
+                          cfg=TrainerConfig(model_device="cpu", pad_token_id=0, sync_every_steps=0, max_seq_len=16,
+                                            micro_token_budget=32, layout=layout))
+        loss, _, _, _ = trainer.accumulate_gradients(SAWBatch(items=list(items)))
+        out[layout] = loss, {n: p.grad for n, p in trainer.model.named_parameters() if p.requires_grad}
+    torch.testing.assert_close(out["packed"][0], out["padded"][0], rtol=1e-5, atol=1e-6)
+    assert len(out["padded"][1]) > 0
+    for name, g in out["padded"][1].items():
+        torch.testing.assert_close(out["packed"][1][name], g, rtol=1e-4, atol=1e-6, msg=name)
