@@ -12,7 +12,7 @@ VERL_STAMP := $(VERL_VENV)/.installed-stamp
 
 GPU_PY ?= python3
 
-.PHONY: demo test test-gpu lint docs bench clean
+.PHONY: demo test test-gpu bench-e2e-gpu lint docs bench clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,6 +46,13 @@ test-gpu:
 	$(GPU_PY) tools/gpu_requirements.py | xargs -r $(GPU_PY) -m pip install -q
 	$(GPU_PY) -m pytest -q -rs --durations=15 -m "gpu or interpret" tests/gpu tests/interpret tests/test_losses_triton.py
 	$(GPU_PY) -m ludic_fast.cli bench --preset gpu-key
+
+# the trainer end to end on a GPU: the Qwen2.5-0.5B-shaped Llama (bf16), ours padded / packed, with and without
+# Liger body kernels, the reference loss path, stock TRL; then the largest sequences per step each path fits
+bench-e2e-gpu:
+	mkdir -p bench/results/gpu
+	$(GPU_PY) bench/trainer_e2e.py --device cuda --find-max --json bench/results/gpu/trainer_e2e.json \
+	  | tee bench/results/gpu/trainer_e2e.md
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
