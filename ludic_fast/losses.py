@@ -32,6 +32,7 @@ from torch import Tensor
 from ludic_fast._common import validate_head_inputs
 from ludic_fast.ops import linear_logprobs, resolve_backend
 from ludic_fast.ops.fused_loss import FusedPlan, fused_head_loss
+from ludic_fast.ops.plan import parse_memory_budget
 from ludic_fast.ops.torch_head import HeadTransform
 from ludic_fast.token_batch import AGGREGATIONS, TokenBatch
 
@@ -124,12 +125,15 @@ class HeadLoss:
         fused: bool = True,
         backend: str = "auto",
         chunk_elements: int | None = None,
+        memory_budget: int | str | None = None,
         logit_scale: float = 1.0,
         softcap: float | None = None,
         temperature: float | Tensor = 1.0,
     ) -> tuple[Tensor, Stats]:
         """(loss, stats) from hidden states + lm_head weight (`hidden [B, T, D]`, `weight [V, D]`,
-        optional `bias [V]`, head transform `softcap(logit_scale (h W^T + b)) / T`) or from `logits`."""
+        optional `bias [V]`, head transform `softcap(logit_scale (h W^T + b)) / T`) or from `logits`.
+        `memory_budget` (bytes, or a string like '4GiB') bounds the head's transient memory, the cost model
+        (`ludic_fast.ops.plan`) picks its chunking; `chunk_elements` is the low-level override."""
         if (hidden is None) == (logits is None):
             raise ValueError("pass exactly one of hidden= (with weight=) or logits=")
         tb = TokenBatch.from_batch(batch)
@@ -142,6 +146,7 @@ class HeadLoss:
             out = linear_logprobs(
                 h, weight, tb.targets, bias=bias, logit_scale=logit_scale, softcap=softcap, temperature=temp,
                 entropy=self.needs_entropy, backend=backend, chunk_elements=chunk_elements,
+                memory_budget=memory_budget,
             )
             loss, stats = self.objective(out.logprobs, out.entropy, tb, True)
             return loss, _detach(stats)
@@ -153,7 +158,8 @@ class HeadLoss:
 
         impl = resolve_backend(backend, h.device)
         plan = FusedPlan(transform, objective, self.coupled, self.needs_entropy, chunk_elements, impl,
-                         groups=self.coupling_groups(tb) if self.coupled else None)
+                         groups=self.coupling_groups(tb) if self.coupled else None,
+                         memory_budget=parse_memory_budget(memory_budget))
         loss, lp, H = fused_head_loss(h, weight, bias, tb.targets, plan)
         with torch.no_grad():
             _, stats = self.objective(lp, H, tb, True)

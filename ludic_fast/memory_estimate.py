@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ludic_fast.integrations.transformers import unwrap_model
-from ludic_fast.ops.torch_head import DEFAULT_CHUNK_ELEMENTS
+from ludic_fast.ops.plan import DEFAULT_CHUNK_ELEMENTS
 
 GiB = 2**30
 

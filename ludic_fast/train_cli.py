@@ -36,6 +36,7 @@ from ludic_fast.loggers import JSONLLogger, PrintLogger, RichLiveLogger, TeeLogg
 from ludic_fast.offline_cli import OFFLINE_PRESETS
 from ludic_fast.offline_cli import add_arguments as add_offline_arguments
 from ludic_fast.offline_cli import main as offline_main
+from ludic_fast.ops.plan import parse_memory_budget
 from ludic_fast.rollout import (
     Evaluator,
     HFGenerateEngine,
@@ -135,6 +136,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--max-seq-len", type=int, default=None, help=profile_default_help("max_seq_len"))
     g.add_argument("--micro-token-budget", type=int, default=None, help=profile_default_help("micro_token_budget"))
     g.add_argument("--gradient-checkpointing", action="store_true")
+    g.add_argument("--memory-budget", type=_memory_budget, default=None,
+                   help="bytes the LM head may hold beyond its inputs, e.g. 4GiB (default: the device's)")
     g.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0 = full fine-tuning; needs the [lora] extra)")
     g.add_argument("--max-lag", type=int, default=None)
     g.add_argument("--eval-every", type=int, default=20)
@@ -273,6 +276,13 @@ def _lora_config(args: argparse.Namespace) -> Any:
     return LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules="all-linear", lora_dropout=0.0)
 
 
+def _memory_budget(text: str) -> int:
+    try:
+        return parse_memory_budget(text, "--memory-budget")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _trainer_config(args: argparse.Namespace, tok: Any, *, lr: float, steps: int, sync: int) -> TrainerConfig:
     return TrainerConfig(
         model_device=args.device,
@@ -287,6 +297,7 @@ def _trainer_config(args: argparse.Namespace, tok: Any, *, lr: float, steps: int
         warmup_steps=args.warmup_steps,
         total_steps=max(steps, 1),
         gradient_checkpointing=args.gradient_checkpointing,
+        memory_budget=args.memory_budget,
         temperature=args.temperature if args.temperature > 0 else 1.0,
         max_lag=args.max_lag,
         **recipe_trainer_kwargs(args),

@@ -63,6 +63,7 @@ from ludic_fast.integrations.packing import (
 )
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
 from ludic_fast.memory_estimate import estimate_peak_memory
+from ludic_fast.ops.plan import parse_memory_budget
 from ludic_fast.stats import Reducer, aggregate_stats, group_log_stats
 from ludic_fast.types import SAWBatch
 
@@ -115,6 +116,8 @@ class TrainerConfig:
     the forward runs under torch.autocast in that dtype while parameters, gradients and AdamW states keep
     theirs (fp32 master weights); the head gets the hidden states and its weight cast to it; fp16 adds a
     dynamic loss scale (torch.amp.GradScaler; an overflowing step is skipped and the scale lowered).
+    memory_budget: bytes (or a string like '4GiB') the LM head may hold beyond its inputs
+    (`ludic_fast.ops.plan`; None: the device default); chunk_elements: the low-level override of its chunking.
     """
 
     model_device: str = field(default_factory=_default_device)
@@ -148,6 +151,7 @@ class TrainerConfig:
     temperature: float = 1.0
     backend: str = "auto"
     chunk_elements: int | None = None
+    memory_budget: int | str | None = None
     kl_target: float | None = None
     entropy_floor: float | None = None
     kl_ema_decay: float = 0.9
@@ -162,6 +166,7 @@ class TrainerConfig:
             raise ValueError(
                 f"micro_token_budget ({self.micro_token_budget}) must be > 0 and >= max_seq_len ({self.max_seq_len})"
             )
+        self.memory_budget = parse_memory_budget(self.memory_budget)
         if self.lr_scheduler not in _SCHEDULES:
             raise ValueError(f"lr_scheduler must be one of {_SCHEDULES}, got {self.lr_scheduler!r}")
         if self.lr_scheduler != "constant" and not self.total_steps:
@@ -391,6 +396,7 @@ class Trainer:
                     temperature=self.cfg.temperature,
                     backend=self.cfg.backend,
                     chunk_elements=self.cfg.chunk_elements,
+                    memory_budget=self.cfg.memory_budget,
                 )
 
         def run(lm: nn.Module, **inputs: Tensor) -> tuple[Tensor, dict[str, Any]]:
@@ -409,7 +415,8 @@ class Trainer:
 
         def logprobs(head: LMHead, h: Tensor) -> Tensor:
             head, h = self._head_inputs(head, h)
-            out = head.logprobs(h, targets, temperature=self.cfg.temperature, entropy=False, backend=self.cfg.backend)
+            out = head.logprobs(h, targets, temperature=self.cfg.temperature, entropy=False, backend=self.cfg.backend,
+                                chunk_elements=self.cfg.chunk_elements, memory_budget=self.cfg.memory_budget)
             return out.logprobs
 
         ref = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)

@@ -171,3 +171,27 @@ def test_nan_in_hidden_propagates():
     assert bool(out.logprobs[2].isnan()) and bool(out.entropy[2].isnan())
     assert bool(out.logprobs[[0, 1, 3, 4]].isfinite().all())
     assert bool(grads[1].isnan().any())  # dW sees the NaN row: not silently zeroed
+
+
+@pytest.mark.parametrize("budget,blocks", [(240_000, (16, 355)), (183_840, (16, 62)), (400_000, (18, 1021)),
+                                           ("1GiB", (53, 1021))])
+def test_memory_budget_sets_the_chunks(budget, blocks):
+    """On the CPU a byte budget holds the fp32 dh and dW (4 (N + V) D = 171840 bytes here) plus chunks of 12
+    bytes per logit element: 240000 bytes -> 5680 elements: fewer than 16 whole rows, so 16 tokens x 355
+    columns; 183840 -> 1000 elements -> 16 x 62; 400000 -> 19013 elements -> 18 whole rows. Same numbers as
+    the reference either way."""
+    from ludic_fast.ops.plan import plan_head
+
+    N, D, V = 53, 40, 1021
+    assert plan_head(N, D, V, dtype=torch.float32, device="cpu", backend="torch", memory_budget=budget).blocks == blocks
+    h, W, b, y = _case(N, D, V, ignore_rows=(3,))
+    g = torch.Generator().manual_seed(2)
+    g_lp, g_H = torch.randn(N, generator=g), torch.randn(N, generator=g)
+    ours, g_ours = _run(ludic_fast.linear_logprobs, h, W, b, y, g_lp, g_H, memory_budget=budget, temperature=0.7)
+    ref, g_ref = _run(reference.linear_logprobs, h, W, b, y, g_lp, g_H, temperature=0.7)
+    _close(ours.logprobs, ref.logprobs, 1e-5)
+    _close(ours.entropy, ref.entropy, 1e-5)
+    for a, e in zip(g_ours, g_ref):
+        _close(a, e, 1e-5)
+    ce = ludic_fast.linear_cross_entropy(h, W, y, bias=b, memory_budget=budget)
+    _close(ce, torch.nn.functional.cross_entropy(reference.head_logits(h, W, b), y, ignore_index=IGNORE), 1e-5)

@@ -53,8 +53,24 @@ def test_bad_reduction_and_chunk_budget():
     h, W, y = _ok()
     with pytest.raises(ValueError, match="reduction"):
         ludic_fast.linear_cross_entropy(h, W, y, reduction="avg")
-    with pytest.raises(ValueError, match="chunk budget"):
+    with pytest.raises(ValueError, match="chunk_elements"):
         ludic_fast.linear_logprobs(h, W, y, chunk_elements=0)
+
+
+@pytest.mark.parametrize("bad", [0, -5, "lots", "4 parsecs", ""])
+def test_bad_memory_budget_names_the_argument(bad):
+    h, W, y = _ok()
+    with pytest.raises(ValueError, match="memory_budget"):
+        ludic_fast.linear_logprobs(h, W, y, memory_budget=bad)
+    with pytest.raises(ValueError, match="memory_budget"):
+        ludic_fast.linear_cross_entropy(h, W, y, memory_budget=bad)
+
+
+@pytest.mark.parametrize("bad", [1.5e9, True, [4]])
+def test_memory_budget_of_the_wrong_type(bad):
+    h, W, y = _ok()
+    with pytest.raises(TypeError, match="memory_budget"):
+        ludic_fast.linear_logprobs(h, W, y, memory_budget=bad)
 
 
 def test_ignore_index_is_exempt_from_range_check():

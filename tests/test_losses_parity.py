@@ -102,3 +102,27 @@ def test_bf16_within_documented_tolerance(name, path):
     for g, rg, x in zip(grads, ref_grads, (h, W, b)):
         assert g.dtype == x.dtype
         assert rel_err(g, rg) <= BF16_TOL
+
+
+@pytest.mark.parametrize("path", ["fused", "generic"])
+@pytest.mark.parametrize("name", ["cispo", "zvp_cispo"])
+def test_memory_budget_chunks_the_head(name, path):
+    """A byte budget small enough for several chunks (checked on the plan) gives the reference's numbers."""
+    from ludic_fast.ops.plan import plan_head
+
+    _, ours_fn, ref_fn = CASES[CASE_IDS.index(name)]
+    batch, h, W, b = make_batch(0)
+    n = int((batch["action_mask"][:, 1:] > 0).sum())
+    # accumulators + 185 elements of 12 bytes: fewer than 16 whole rows, so 16 of the 18 rows x 11 columns
+    budget = 4 * (n + W.shape[0]) * W.shape[1] + 12 * 5 * W.shape[0]
+    mode = "generic" if path == "generic" else "fused_loss"
+    assert n == 18 and plan_head(n, W.shape[1], W.shape[0], dtype=torch.float32, mode=mode, device="cpu",
+                                 backend="torch", memory_budget=budget).blocks == (16, 11)
+    ref_loss = ref_fn(batch, logits=R.head_logits(h, W, b))[0]
+    ref_grads = torch.autograd.grad(ref_loss, (h, W, b))
+    loss, _ = ours_fn(batch, hidden=h, weight=W, bias=b, fused=path == "fused", memory_budget=budget)
+    assert rel_err(loss, ref_loss) <= 1e-5
+    for g, rg in zip(torch.autograd.grad(loss, (h, W, b)), ref_grads):
+        assert rel_err(g, rg) <= 1e-5
+    with pytest.raises(ValueError, match="memory_budget"):
+        ours_fn(batch, hidden=h, weight=W, bias=b, fused=path == "fused", memory_budget="-1GiB")

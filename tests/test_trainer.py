@@ -49,6 +49,9 @@ def test_config_validation():
     assert TrainerConfig(model_device="cpu", pad_token_id=TOKENIZER).pad_token_id == TOKENIZER.pad_token_id
     with pytest.raises(ValueError, match="total_steps"):
         _cfg(lr_scheduler="cosine")
+    assert _cfg(memory_budget="512MiB").memory_budget == 512 * 2**20
+    with pytest.raises(ValueError, match="memory_budget"):
+        _cfg(memory_budget="big")
     with pytest.raises(ValueError, match="PolicyPublisher"):
         Trainer(model=tiny_model(), algo=make_cispo(group_size=1), batch_source=ListSource([[]]),
                 cfg=_cfg(sync_every_steps=1))

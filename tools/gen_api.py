@@ -25,6 +25,7 @@ MODULES = [
     ("ludic_fast.reward_model", "Bradley-Terry reward-model loss on a scalar value head"),
     ("ludic_fast.pair_batching", "pair, KTO and completion batches for the offline objectives"),
     ("ludic_fast.offline_trainer", "the trainer of the offline presets (preference, reward model, distillation)"),
+    ("ludic_fast.ops.plan", "the head's memory budget, device cost model and planner"),
     ("ludic_fast.credit", "credit assigners: rollouts to per-sample weights"),
     ("ludic_fast.algorithm", "RLAlgorithm and the presets of `ludic-fast train --preset`"),
     ("ludic_fast.batching", "token-budget micro-batching and collation"),

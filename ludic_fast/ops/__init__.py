@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ludic_fast._common import HeadOutput, validate_head_inputs
 from ludic_fast.ops.divergence import linear_divergence
-from ludic_fast.ops.torch_head import HeadTransform, LinearLogprobsFunction
+from ludic_fast.ops.torch_head import HeadTransform, LinearLogprobsFunction, torch_blocks
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -48,6 +48,7 @@ def linear_logprobs(
     ignore_index: int = -100,
     backend: str = "auto",
     chunk_elements: int | None = None,
+    memory_budget: int | str | None = None,
     process_group: object | None = None,
     vocab_start: int | None = None,
     vocab_size: int | None = None,
@@ -59,8 +60,14 @@ def linear_logprobs(
     or a tensor with the shape of targets. Returns float32 `HeadOutput(logprobs, entropy, lse)` with the
     shape of targets; logprobs and entropy are 0 where `targets == ignore_index`. Differentiable w.r.t.
     hidden, weight and bias for any upstream gradients of logprobs and entropy:
-    dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z). `chunk_elements` bounds tokens x vocab columns of
-    one transient logits chunk (default: $LUDIC_FAST_CHUNK_ELEMENTS, read at each call, else 64 Mi).
+    dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z).
+
+    `memory_budget`: bytes (an int, or a string like '4GiB') the call may hold beyond its inputs and
+    outputs; the cost model of `ops.plan` picks the chunking and strategy predicted fastest within it.
+    Default: on a GPU the fp32 gradient accumulators plus min(1 GiB, 1/64 of device memory); on the CPU
+    chunks of `plan.DEFAULT_CHUNK_ELEMENTS` logit elements. `chunk_elements` is the low-level override
+    (tokens x vocab columns of one transient logits chunk); with neither argument, env
+    LUDIC_FAST_CHUNK_ELEMENTS (read at each call) is that override when set.
 
     Vocab-parallel: with `process_group=pg, vocab_start=s`, `weight` holds rows `[s, s + V_local)` of the
     global vocabulary (of `vocab_size` rows; summed over the group when None) and targets are global ids;
@@ -70,7 +77,7 @@ def linear_logprobs(
         return _vocab_parallel(
             hidden, weight, targets, process_group, vocab_start or 0, vocab_size, backend, reduce_grad_hidden,
             bias=bias, logit_scale=logit_scale, softcap=softcap, temperature=temperature, entropy=entropy,
-            ignore_index=ignore_index, chunk_elements=chunk_elements,
+            ignore_index=ignore_index, chunk_elements=chunk_elements, memory_budget=memory_budget,
         )
     validate_head_inputs(hidden, weight, targets, bias, logit_scale, softcap, temperature, ignore_index)
     impl = resolve_backend(backend, hidden.device)
@@ -82,12 +89,12 @@ def linear_logprobs(
         from ludic_fast.ops.triton_head import triton_linear_logprobs
 
         lp, ent, lse = triton_linear_logprobs(
-            h2, weight, bias, t1, transform, entropy, ignore_index, chunk_elements=chunk_elements
+            h2, weight, bias, t1, transform, entropy, ignore_index, chunk_elements=chunk_elements,
+            memory_budget=memory_budget,
         )
     else:
-        lp, ent, lse = LinearLogprobsFunction.apply(
-            h2, weight, bias, t1, (transform, chunk_elements, ignore_index), entropy
-        )
+        blocks = torch_blocks(h2, weight, bias, chunk_elements, memory_budget)
+        lp, ent, lse = LinearLogprobsFunction.apply(h2, weight, bias, t1, (transform, blocks, ignore_index), entropy)
     return HeadOutput(
         lp.reshape(out_shape), ent.reshape(out_shape) if entropy else None, lse.reshape(out_shape)
     )

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ludic_fast.ops.torch_head import addmm_acc_, default_chunk_elements, gemm_f32
+from ludic_fast.ops.plan import default_chunk_elements
+from ludic_fast.ops.torch_head import addmm_acc_, gemm_f32
 
 KINDS = ("forward_kl", "reverse_kl", "jsd")
 REDUCTIONS = ("mean", "sum", "none")

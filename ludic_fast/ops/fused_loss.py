@@ -19,7 +19,9 @@ vocabulary is sliced and the token-local path needs a statistics sweep first (8N
 A coupled loss whose tokens couple only within groups (`FusedPlan.groups`: a preference pair, a sequence)
 runs the token-local single pass on row chunks made of whole groups when every group fits a chunk (6NDV).
 
-No path allocates [N, V]: transient memory is a few chunks of `chunk_plan(N, V, chunk_elements)`.
+No path allocates [N, V]: chunk rows (and vocabulary slices) come from `ludic_fast.ops.plan.plan_head` under
+`memory_budget` bytes (or the `chunk_elements` override): large token chunks amortise the fp32 dW
+read-modify-write that every chunk costs.
 
 Backends: 'torch' (any device: chunk GEMM, then an in-place epilogue with one exp per logit) and 'triton'
 (the workspace strategy of `ludic_fast.ops.triton_head`: GEMM into a workspace, the Triton row kernel for
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ludic_fast.ops.plan import plan_head
 from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform
 
 #: objective(lp, H or None, rows or None) -> scalar loss; `rows` selects the chunk (None: all tokens).
@@ -55,6 +58,7 @@ class FusedPlan:
     groups: list[int] | None = None
     # triton backend: token rows whose d(raw) is staged for one dW GEMM (None: one chunk; see _DwStage)
     dw_stage_rows: int | None = None
+    memory_budget: int | str | None = None  # bytes (None: the device default of `plan.plan_head`)
 
 
 class _RowEpilogue:
@@ -249,7 +253,7 @@ class FusedLossFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, plan: FusedPlan):  # type: ignore[override]
-        head = ChunkedHead(hidden, weight, bias, targets, plan.transform, plan.chunk_elements, -100)
+        head = ChunkedHead(hidden, weight, bias, targets, plan.transform, _blocks(hidden, weight, plan), -100)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         acc = {"device": hidden.device, "dtype": head.acc}
         n, V = head.N, head.V
@@ -331,6 +335,16 @@ class FusedLossFunction(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _blocks(hidden: Tensor, weight: Tensor, plan: FusedPlan) -> tuple[int, int]:
+    """(token rows, vocab columns) of one chunk from the cost model (`plan_head`)."""
+    mode = "coupled" if plan.coupled and plan.groups is None else "fused_loss"
+    return plan_head(
+        hidden.shape[0], hidden.shape[1], weight.shape[0], dtype=torch.promote_types(hidden.dtype, weight.dtype),
+        mode=mode, device=hidden.device, backend=plan.backend, memory_budget=plan.memory_budget,
+        chunk_elements=plan.chunk_elements,
+    ).blocks
 
 
 def _group_chunks(starts: list[int] | None, n_chunk: int, n: int) -> list[slice] | None:

@@ -12,40 +12,22 @@ Backward for per-token upstream gradients (g_lp, g_H), p = e^{z - lse}:
     dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z)
     d(raw)_j = dz_j / T * (1 - tanh^2) * logit_scale,   dh = d(raw) W,  dW = d(raw)^T h,  db = sum d(raw)
 
-`chunk_plan` and the chunk kernels here are also the building blocks of the fused-loss mode
-(`ludic_fast.ops.fused_loss`), which forms d(raw) in the forward pass.
+The chunk sizes come from `ludic_fast.ops.plan` (on the CPU: chunks of DEFAULT_CHUNK_ELEMENTS logit
+elements). The chunk kernels here are also the building blocks of the fused-loss mode
+(`ludic_fast.ops.fused_loss`), which forms d(raw) in the forward pass. On CUDA with bf16/fp16 inputs the
+logits GEMM has an fp32 output (no rounding of the logits to the input dtype) and the gradient GEMMs take
+d(raw) rounded to the input dtype with fp32 accumulation: the precision of the triton backend.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ludic_fast._common import per_token_temperature
-
-#: Built-in bound on the elements of one float32 logits chunk (tokens x vocab columns): 64 Mi (256 MiB).
-DEFAULT_CHUNK_ELEMENTS = 64 * 2**20
-#: Environment override of that bound, read at each call (`default_chunk_elements`).
-CHUNK_ELEMENTS_ENV = "LUDIC_FAST_CHUNK_ELEMENTS"
-
-
-def default_chunk_elements() -> int:
-    """The chunk bound used when a call passes none: $LUDIC_FAST_CHUNK_ELEMENTS (read now, so it can be
-    changed between calls) or DEFAULT_CHUNK_ELEMENTS; a value that is not a positive integer raises."""
-    raw = os.environ.get(CHUNK_ELEMENTS_ENV)
-    if raw is None or not raw.strip():
-        return DEFAULT_CHUNK_ELEMENTS
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{CHUNK_ELEMENTS_ENV} must be a positive integer, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{CHUNK_ELEMENTS_ENV} must be a positive integer, got {raw!r}")
-    return value
-_MIN_CHUNK_TOKENS = 16
+from ludic_fast.ops.plan import chunk_plan, plan_head
 
 
 @dataclass(frozen=True)
@@ -92,22 +74,23 @@ class HeadTransform:
         return dz
 
 
-def chunk_plan(n_tokens: int, vocab: int, max_elements: int | None) -> tuple[int, int]:
-    """(tokens per chunk, vocab columns per slice) with tokens * columns <= max_elements.
-
-    Whole vocabulary rows are preferred (one GEMM per chunk, no online merge); the vocabulary is sliced
-    only when fewer than 16 whole rows fit in the budget."""
-    budget = default_chunk_elements() if max_elements is None else int(max_elements)
-    if budget < 1:
-        raise ValueError(f"chunk budget must be >= 1 element, got {budget}")
-    if budget >= _MIN_CHUNK_TOKENS * vocab or budget // vocab >= max(n_tokens, 1):
-        return max(1, min(n_tokens, budget // vocab)), vocab
-    tokens = max(1, min(n_tokens, _MIN_CHUNK_TOKENS))
-    return tokens, max(1, budget // tokens)
+def torch_blocks(
+    h2: Tensor, weight: Tensor, bias: Tensor | None, chunk_elements: int | None, memory_budget: int | str | None
+) -> tuple[int, int]:
+    """(token rows, vocab columns) of one chunk of the torch backend's generic mode, from `plan.plan_head`."""
+    grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (h2, weight, bias))
+    return plan_head(
+        h2.shape[0], h2.shape[1], weight.shape[0], dtype=torch.promote_types(h2.dtype, weight.dtype),
+        mode="generic" if grad else "forward", device=h2.device, backend="torch", memory_budget=memory_budget,
+        chunk_elements=chunk_elements,
+    ).blocks
 
 
 class ChunkedHead:
-    """Shared state of one head call: flattened inputs, transform, chunk plan."""
+    """Shared state of one head call: flattened inputs, transform, chunk blocks.
+
+    `chunks`: (token rows, vocab columns) of one chunk (a `HeadPlan.blocks`), or a bound on the logit
+    elements of one chunk (None: `plan.default_chunk_elements()`) for `plan.chunk_plan`."""
 
     def __init__(
         self,
@@ -116,7 +99,7 @@ class ChunkedHead:
         bias: Tensor | None,
         targets: Tensor,
         transform: HeadTransform,
-        max_elements: int | None,
+        chunks: tuple[int, int] | int | None,
         ignore_index: int,
     ):
         self.compute_dtype = torch.promote_types(hidden.dtype, weight.dtype)
@@ -129,7 +112,10 @@ class ChunkedHead:
         self.valid = targets != ignore_index
         self.targets = torch.where(self.valid, targets, torch.zeros_like(targets)).long()
         self.N, self.V = hidden.shape[0], weight.shape[0]
-        self.n_chunk, self.v_chunk = chunk_plan(self.N, self.V, max_elements)
+        if isinstance(chunks, tuple):
+            self.n_chunk, self.v_chunk = max(1, min(chunks[0], self.N)), max(1, min(chunks[1], self.V))
+        else:
+            self.n_chunk, self.v_chunk = chunk_plan(self.N, self.V, chunks)
 
     def row_chunks(self):
         for r0 in range(0, self.N, self.n_chunk):
@@ -145,7 +131,8 @@ class ChunkedHead:
     def logits(self, h_c: Tensor, rows: slice, cols: slice) -> Tensor:
         """Final float32 logits of a (rows x cols) chunk."""
         w = self.weight[cols].to(self.compute_dtype)
-        z = (h_c @ w.T).to(self.acc)
+        lowp_cuda = h_c.is_cuda and h_c.dtype in (torch.float16, torch.bfloat16)
+        z = gemm_f32(h_c, w.T) if lowp_cuda else (h_c @ w.T).to(self.acc)  # CUDA: fp32 logits, no rounding
         if self.bias is not None:
             z.add_(self.bias[cols])
         return self.transform.apply_(z, rows)
@@ -203,12 +190,14 @@ class ChunkedHead:
         dW: Tensor | None,
         db: Tensor | None,
     ) -> None:
-        """dh[rows] += d_raw W[cols];  dW[cols] += d_raw^T h;  db[cols] += sum_rows d_raw (fp32 buffers)."""
-        addmm_acc_(dh[rows], d_raw, self.weight[cols])
-        if dW is not None:
-            addmm_acc_(dW[cols], d_raw.T, h_c)
+        """dh[rows] += d_raw W[cols];  dW[cols] += d_raw^T h;  db[cols] += sum_rows d_raw (fp32 buffers).
+        bf16/fp16 CUDA inputs: d_raw enters the GEMMs in the input dtype (tensor cores, fp32 accumulation)."""
         if db is not None:
             db[cols].add_(d_raw.sum(0))
+        d_op = d_raw.to(h_c.dtype) if _lowp_cuda(h_c) else d_raw
+        addmm_acc_(dh[rows], d_op, self.weight[cols].to(self.compute_dtype))
+        if dW is not None:
+            addmm_acc_(dW[cols], d_op.T, h_c)
 
 
 #: torch.mm / torch.addmm with out_dtype=float32 on CUDA bf16/fp16 operands exist from torch 2.8
@@ -238,14 +227,15 @@ def addmm_acc_(acc: Tensor, a: Tensor, b: Tensor, beta: float = 1.0) -> None:
 
 
 class LinearLogprobsFunction(torch.autograd.Function):
-    """Generic mode: forward saves (lse, E_p z); backward recomputes logits chunk by chunk (8NDV total)."""
+    """Generic mode: forward saves (lse, E_p z); backward recomputes logits chunk by chunk (8NDV total).
+    `head_args = (transform, chunks, ignore_index)`, `chunks` as `ChunkedHead` takes it."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, head_args, with_entropy, merge_stats=None):  # type: ignore[override]
         """`merge_stats(lse, E_p z, z_y) -> (lse, E_p z, z_y)` combines partial statistics of a vocabulary
         shard into those of the whole vocabulary (vocab-parallel); None for an unsharded weight."""
-        transform, max_elements, ignore_index = head_args
-        head = ChunkedHead(hidden, weight, bias, targets, transform, max_elements, ignore_index)
+        transform, chunks, ignore_index = head_args
+        head = ChunkedHead(hidden, weight, bias, targets, transform, chunks, ignore_index)
         lse, ez, zy = (torch.empty(head.N, device=hidden.device, dtype=head.acc) for _ in range(3))
         for rows in head.row_chunks():
             lse[rows], ez[rows], zy[rows] = head.stats(head.h_rows(rows), rows, with_entropy)
@@ -263,8 +253,8 @@ class LinearLogprobsFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_lp, g_H, _g_lse):  # type: ignore[override]
         hidden, weight, bias, targets, lse, ez = ctx.saved_tensors
-        transform, max_elements, ignore_index = ctx.head_args
-        head = ChunkedHead(hidden, weight, bias, targets, transform, max_elements, ignore_index)
+        transform, chunks, ignore_index = ctx.head_args
+        head = ChunkedHead(hidden, weight, bias, targets, transform, chunks, ignore_index)
         valid = head.valid.to(head.acc)
         g_lp = torch.zeros_like(lse) if g_lp is None else g_lp.to(head.acc) * valid
         g_H = None if (g_H is None or not ctx.with_entropy) else g_H.to(head.acc) * valid

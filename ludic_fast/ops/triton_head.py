@@ -14,9 +14,9 @@ GEMM writes fp32 raw logits, the row kernel writes d(raw) straight in the GEMM o
 memory (`operand_view`), cuBLAS forms dh and dW from it. A gradient that gets one contribution per element
 (dh when one slice spans the vocabulary, dW when one token chunk spans all tokens) is written by one GEMM in
 the input dtype; otherwise it accumulates in fp32, the first GEMM with beta = 0 (no zero-fill).
-Rule (`choose_strategy`): `strategy=` argument, else env LUDIC_FAST_TRITON_STRATEGY (auto|fused|workspace),
-else auto: fused only when the chunk budget cannot hold 16 whole vocabulary rows (it needs no forward
-workspace), workspace otherwise (its cuBLAS forward measured faster on an H100 than the fused tl.dot forward).
+Plan (`ludic_fast.ops.plan.plan_head`): the `strategy=` argument, else env LUDIC_FAST_TRITON_STRATEGY
+(auto|fused|workspace), else auto: the strategy, forward chunk rows and backward blocks the cost model
+predicts fastest within the memory budget.
 """
 
 from __future__ import annotations
@@ -30,13 +30,11 @@ from torch import Tensor
 from ludic_fast.kernels.head_fwd import launch_config, launch_head_fwd
 from ludic_fast.kernels.head_merge import launch_head_merge
 from ludic_fast.kernels.head_rows import launch_head_rows
-from ludic_fast.ops.torch_head import HeadTransform, addmm_acc_, default_chunk_elements
+from ludic_fast.ops.plan import HeadPlan, plan_head
+from ludic_fast.ops.torch_head import HeadTransform, addmm_acc_
 
-STRATEGIES = ("auto", "fused", "workspace")
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_MIN_WORKSPACE_ROWS = 16
-_MIN_GRAD_COLS = 1024
-#: workspace columns and backward vocabulary slices are multiples of this (16-byte aligned GEMM operands)
+#: workspace row strides are multiples of this many elements (16-byte aligned GEMM operands)
 _ALIGN = 128
 #: programs the fused forward aims to launch off CUDA (the interpreter); on CUDA: one per SM (the default
 #: configs hold one CTA per SM), so vocab splits fill the GPU when there are few token tiles
@@ -47,17 +45,6 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def choose_strategy(n_tokens: int, vocab: int, max_elements: int | None, strategy: str | None = None) -> str:
-    """'fused' or 'workspace' for one call (see the module docstring for the rule)."""
-    choice = strategy or os.environ.get("LUDIC_FAST_TRITON_STRATEGY", "auto")
-    if choice not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {choice!r}")
-    if choice != "auto":
-        return choice
-    budget = default_chunk_elements() if max_elements is None else max_elements
-    return "fused" if budget < _MIN_WORKSPACE_ROWS * vocab else "workspace"
-
-
 @dataclass(frozen=True)
 class _KernelConfig:
     """Compile-time (constexpr) parameters shared by the kernels of one call."""
@@ -66,16 +53,18 @@ class _KernelConfig:
     softcap: float | None
     upcast: bool  # interpreter only: bf16 tl.dot is wrong there, fp32 operands are exact
     precision: str  # tl.dot input precision: "ieee" keeps fp32 inputs exact (no tf32)
-    max_elements: int
+    rows: int  # token rows of one forward workspace chunk (whole vocabulary rows)
+    grad_block: tuple[int, int]  # (token rows, vocab columns) of one backward block
 
     @staticmethod
-    def make(transform: HeadTransform, dtype: torch.dtype, max_elements: int | None) -> _KernelConfig:
+    def make(transform: HeadTransform, dtype: torch.dtype, plan: HeadPlan) -> _KernelConfig:
         return _KernelConfig(
             scale=float(transform.logit_scale),
             softcap=None if transform.softcap is None else float(transform.softcap),
             upcast=_interpreting() and dtype == torch.bfloat16,
             precision="ieee" if dtype == torch.float32 else "tf32",
-            max_elements=default_chunk_elements() if max_elements is None else int(max_elements),
+            rows=plan.token_rows,
+            grad_block=(plan.grad_rows, plan.grad_cols),
         )
 
 
@@ -194,16 +183,6 @@ def _check_alias(ws: Tensor, out: Tensor) -> None:
         raise ValueError("out overlaps ws other than as ws itself or operand_view(ws, dtype)")
 
 
-def grad_blocks(n: int, v: int, budget: int) -> tuple[int, int]:
-    """(tokens, vocab columns) of one backward workspace block: all tokens of a vocabulary slice if possible.
-    Slices narrower than the vocabulary are multiples of `_ALIGN` columns."""
-    cols = min(v, budget // max(n, 1))
-    if cols >= min(v, _MIN_GRAD_COLS):
-        return n, cols if cols == v else cols // _ALIGN * _ALIGN
-    cols = min(v, _MIN_GRAD_COLS)
-    return max(1, budget // cols), cols
-
-
 def fused_splits(n: int, v: int, config: dict, programs: int) -> tuple[int, int]:
     """(vocab splits, vocab blocks per split) of the fused forward grid with `config`'s tiles: about
     `programs` programs (token tiles x splits) to fill the GPU; every split starts inside the vocabulary."""
@@ -250,12 +229,12 @@ class _HeadFunctionBase(torch.autograd.Function):
 
 
 def _workspace_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg):
-    """(dh, dW, db), None where not needed. Blocks of `grad_blocks` (vocabulary slices over all tokens when
-    the budget allows). Per block: fp32 raw logits (GEMM, beta = 0) -> d(raw) in the input dtype over the same
+    """(dh, dW, db), None where not needed. Blocks of the plan (vocabulary slices over all tokens when the
+    budget allows). Per block: fp32 raw logits (GEMM, beta = 0) -> d(raw) in the input dtype over the same
     memory (row kernel) -> dh[r] (+)= d W[c], dW[c] (+)= d^T h[r]. dh is fp32 only when there are several
     slices, dW only when there are several token chunks; otherwise each is one GEMM into the input dtype."""
     n, v = h.shape[0], w.shape[0]
-    rows_per, cols_per = grad_blocks(max(n, 1), v, cfg.max_elements)
+    rows_per, cols_per = cfg.grad_block
     row_chunks, slices = -(-n // rows_per), -(-v // cols_per)
     dev = h.device
     dh = torch.empty(h.shape, device=dev, dtype=h.dtype if slices == 1 else torch.float32) if need[0] else None
@@ -311,7 +290,7 @@ class WorkspaceHeadFunction(_HeadFunctionBase):
         n, v = h.shape[0], w.shape[0]
         f32 = {"device": h.device, "dtype": torch.float32}
         lse, ez, zy = (torch.zeros(n, **f32) for _ in range(3))
-        rows_per = max(1, min(n, cfg.max_elements // v))
+        rows_per = max(1, min(n, cfg.rows))
         buf = new_workspace(rows_per, v, h.device) if n else None
         for r0 in range(0, n, rows_per):
             r = slice(r0, min(n, r0 + rows_per))
@@ -336,18 +315,24 @@ def triton_linear_logprobs(
     *,
     strategy: str | None = None,
     chunk_elements: int | None = None,
+    memory_budget: int | str | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(logprobs, entropy, lse), fp32 [N], of the head with the Triton kernels; differentiable w.r.t.
     h2 [N, D], weight [V, D] and bias [V] for any upstream gradients of logprobs and entropy.
 
     Inputs are validated by `ludic_fast.ops.linear_logprobs`. Supports float16/bfloat16/float32 (mixed
-    inputs are promoted); `strategy` None|'auto'|'fused'|'workspace' (see `choose_strategy`)."""
+    inputs are promoted); `strategy` None|'auto'|'fused'|'workspace' (None: env LUDIC_FAST_TRITON_STRATEGY,
+    default auto); chunking and strategy from `plan.plan_head` under `memory_budget` bytes or `chunk_elements`."""
     dtype = torch.promote_types(h2.dtype, weight.dtype)
     if dtype not in _KERNEL_DTYPES:
         raise TypeError(f"hidden/weight dtype {dtype} is not supported by the triton backend (fp16, bf16, fp32)")
     n, v = h2.shape[0], weight.shape[0]
-    fn = FusedHeadFunction if choose_strategy(n, v, chunk_elements, strategy) == "fused" else WorkspaceHeadFunction
-    cfg = _KernelConfig.make(transform, dtype, chunk_elements)
+    grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (h2, weight, bias))
+    plan = plan_head(n, h2.shape[1], v, dtype=dtype, mode="generic" if grad else "forward", device=h2.device,
+                     memory_budget=memory_budget, chunk_elements=chunk_elements,
+                     strategy=strategy or os.environ.get("LUDIC_FAST_TRITON_STRATEGY", "auto"))
+    fn = FusedHeadFunction if plan.strategy == "fused" else WorkspaceHeadFunction
+    cfg = _KernelConfig.make(transform, dtype, plan)
     tgt = kernel_targets(targets, ignore_index)
     inv_t = transform.inv_temperature.to(torch.float32).reshape(n).contiguous()
     return fn.apply(h2.to(dtype), weight.to(dtype), bias, tgt, inv_t, cfg, bool(entropy))

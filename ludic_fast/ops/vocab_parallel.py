@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ludic_fast._common import HeadOutput, validate_head_inputs
-from ludic_fast.ops.torch_head import HeadTransform, LinearLogprobsFunction
+from ludic_fast.ops.torch_head import HeadTransform, LinearLogprobsFunction, torch_blocks
 
 
 def vocab_partition(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -55,7 +55,7 @@ def _combine_stats(lse_r: Tensor, ez_r: Tensor, zy_r: Tensor, group) -> tuple[Te
 class VocabParallelLogprobsFunction(torch.autograd.Function):
     """Generic mode over a vocab-sharded weight: forward keeps the global (lse, E_p z); backward is the torch
     backend's (`LinearLogprobsFunction.backward`, recomputing the local logits chunk by chunk) on the local
-    rows, then the optional all-reduce of dh. `head_args = (transform, chunk_elements, ignore_sentinel)`."""
+    rows, then the optional all-reduce of dh. `head_args = (transform, chunks, ignore_sentinel)`."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, local_targets, head_args, with_entropy, group, reduce_dh):  # type: ignore[override]
@@ -90,6 +90,7 @@ def vocab_parallel_linear_logprobs(
     ignore_index: int = -100,
     reduce_grad_hidden: bool = True,
     chunk_elements: int | None = None,
+    memory_budget: int | str | None = None,
 ) -> HeadOutput:
     """`ludic_fast.linear_logprobs` over a weight sharded by vocabulary rows across `process_group`.
 
@@ -124,7 +125,8 @@ def vocab_parallel_linear_logprobs(
     sentinel = -vocab_start - 1
     local = torch.where(valid, t1.long() - vocab_start, torch.full_like(t1, sentinel, dtype=torch.long))
     transform = HeadTransform.build(logit_scale, softcap, temperature, t1.numel(), hidden.device)
+    blocks = torch_blocks(h2, weight, bias, chunk_elements, memory_budget)
     lp, ent, lse = VocabParallelLogprobsFunction.apply(
-        h2, weight, bias, local, (transform, chunk_elements, sentinel), entropy, process_group, bool(reduce_grad_hidden)
+        h2, weight, bias, local, (transform, blocks, sentinel), entropy, process_group, bool(reduce_grad_hidden)
     )
     return HeadOutput(lp.reshape(out_shape), ent.reshape(out_shape) if entropy else None, lse.reshape(out_shape))

@@ -122,17 +122,3 @@ def test_bad_arguments():
         _rows((h @ w.T).to(DEVICE), targets, transform, b, g_H=g_h.to(DEVICE))
     with pytest.raises(ValueError, match="unit column stride"):
         _rows((w @ h.T).to(DEVICE).T, targets, transform, b)
-
-
-def test_strategy_rule(monkeypatch):
-    from ludic_fast.ops.triton_head import choose_strategy
-
-    monkeypatch.delenv("LUDIC_FAST_TRITON_STRATEGY", raising=False)
-    assert choose_strategy(8192, 151936, None) == "workspace"
-    assert choose_strategy(64, 151936, None) == "workspace"  # measured faster than fused on an H100 at N=64
-    assert choose_strategy(8192, 151936, 15 * 151936) == "fused"  # budget below 16 whole rows
-    assert choose_strategy(8192, 151936, None, "fused") == "fused"
-    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", "fused")
-    assert choose_strategy(8192, 151936, None) == "fused"
-    with pytest.raises(ValueError, match="strategy"):
-        choose_strategy(8192, 151936, None, "cublas")

@@ -1,0 +1,590 @@
+"""Plan of a head call from a cost model of the device: token-chunk rows, vocabulary-slice columns, strategy.
+
+A call is (N tokens, hidden size D, vocabulary V, input dtype, mode). The model adds up, in seconds:
+
+* GEMMs, each `max(2mnk / R, operand bytes / B)` (compute- or operand-read-bound): forward 2NDV; the
+  generic mode's backward recomputes the logits and forms dh, dW (6NDV; 8NDV in all); the fused-loss mode
+  forms d(raw), dh, dW in the forward (6NDV in all); a coupled loss adds a statistics pass (8NDV).
+* the epilogue's traffic, `bytes per logit element x rows x V / B` (`KernelCosts`: today 8 for the
+  forward statistics, 22 for a backward pass with known statistics, 26 for a fused-loss chunk);
+* accumulators: the fp32 [V, D] dW is read and written once per token chunk (`8 V D / B` per chunk) unless
+  one GEMM forms each dW row; dh likewise once per vocabulary slice (`8 N D / B` per slice); zero-fills
+  and the final fp32 -> input dtype conversions;
+* the fused tl.dot strategy: its GEMMs at a fraction of R, and its backward's fp32 atomics at the device's
+  atomic throughput;
+* launches x the device's launch overhead.
+
+R (GEMM FLOP/s of the input dtype), B (copy bandwidth, bytes read + written per second) and the launch
+overhead come from a `DeviceModel`: presets for the H100 (calibrated from measured ceilings), H200 and A100
+(public peak specs scaled by the fraction of its peak the H100 reached) and a rough CPU, chosen from the
+device's name (`torch.cuda.get_device_name`) or forced with env `LUDIC_FAST_DEVICE_MODEL`.
+
+`plan_head` returns the fastest `HeadPlan` whose transient memory (workspace chunks plus fp32 accumulators,
+beyond inputs and returned outputs) fits `memory_budget` bytes; with no plan fitting, the one with the least
+memory. Chunk rows and slice columns are multiples of the device's alignment (128 on GPUs: aligned GEMM
+operands keep cuBLAS on its fast kernels), the last chunk aside. `chunk_elements` is the low-level override
+(tokens x vocabulary columns of one chunk, the pre-model rule, no alignment). Predicted times are
+predictions, not measurements.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+from dataclasses import dataclass, field, replace
+
+import torch
+
+MODES = ("forward", "generic", "fused_loss", "coupled")
+BACKEND_STRATEGIES = {"triton": ("workspace", "fused"), "torch": ("torch",)}
+GiB = 2**30
+#: GPU default budget: the mode's fp32 accumulators plus a workspace allowance of this fraction of the device's
+#: memory, capped (1 GiB on an 80 GB card)
+WORKSPACE_FRACTION = 1 / 64
+WORKSPACE_CAP = GiB
+#: CPU default: chunks of this many logit elements (tokens x vocab columns, 256 MiB of fp32), the CPU-tuned rule
+DEFAULT_CHUNK_ELEMENTS = 64 * 2**20
+#: environment override of the chunk elements when a call passes neither chunk_elements nor memory_budget
+CHUNK_ELEMENTS_ENV = "LUDIC_FAST_CHUNK_ELEMENTS"
+_MIN_CHUNK_TOKENS = 16  # the sliced-vocabulary fallback keeps at least this many tokens per chunk
+_MIN_GRAD_COLS = 1024  # pre-model rule of the workspace backward (chunk_elements override)
+
+
+def env_chunk_elements() -> int | None:
+    """$LUDIC_FAST_CHUNK_ELEMENTS read now (so it can change between calls), or None when unset; a value that
+    is not a positive integer raises."""
+    raw = os.environ.get(CHUNK_ELEMENTS_ENV)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{CHUNK_ELEMENTS_ENV} must be a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"{CHUNK_ELEMENTS_ENV} must be a positive integer, got {raw!r}")
+    return value
+
+
+def default_chunk_elements() -> int:
+    """The element rule's chunk when a call passes none: $LUDIC_FAST_CHUNK_ELEMENTS or DEFAULT_CHUNK_ELEMENTS."""
+    env = env_chunk_elements()
+    return DEFAULT_CHUNK_ELEMENTS if env is None else env
+
+
+# ----------------------------------------------------------------------------------------------- device
+@dataclass(frozen=True)
+class DeviceModel:
+    """What the cost model knows of a device: GEMM FLOP/s per input dtype, copy bandwidth (bytes read +
+    written per second), fp32 atomic-add throughput (bytes of fp32 updates per second), seconds per kernel
+    launch, chunk/slice alignment in elements, total memory (bytes; None: no default budget)."""
+
+    name: str
+    bf16_flops: float
+    fp16_flops: float
+    fp32_flops: float
+    bandwidth: float
+    atomic_bandwidth: float
+    launch_s: float
+    align: int
+    memory_bytes: int | None
+
+    def gemm_flops(self, dtype: torch.dtype) -> float:
+        """GEMM rate for operands of `dtype` (fp64: a tenth of fp32)."""
+        if dtype == torch.bfloat16:
+            return self.bf16_flops
+        if dtype == torch.float16:
+            return self.fp16_flops
+        return self.fp32_flops if dtype == torch.float32 else self.fp32_flops / 10
+
+
+# H100 SXM 80GB: cuBLAS bf16 GEMM 8192^3 measured at 765 TFLOP/s (77% of the 989 TFLOP/s dense spec), device
+# copy 3.0 TB/s (90% of 3.35 TB/s); fp32 atomics ~0.8 TB/s fitted to the fused tl.dot backward at N = 512, 2048;
+# fp32 GEMMs (no TF32) at 77% of the 67 TFLOP/s FMA spec.
+_GEMM_EFF, _COPY_EFF = 765 / 989, 3.0 / 3.35
+H100 = DeviceModel("h100", 765e12, 765e12, 67e12 * _GEMM_EFF, 3.0e12, 0.8e12, 5e-6, 128, 80 * 10**9)
+# H200: the H100's compute with 4.8 TB/s HBM3e (same efficiencies assumed, not measured).
+H200 = DeviceModel("h200", 765e12, 765e12, 67e12 * _GEMM_EFF, 4.8e12 * _COPY_EFF, 0.8e12 * 4.8 / 3.35, 5e-6, 128,
+                   141 * 10**9)
+# A100 SXM 80GB: 312 TFLOP/s bf16/fp16 dense, 19.5 TFLOP/s fp32, 2.04 TB/s (same efficiencies assumed).
+A100 = DeviceModel("a100", 312e12 * _GEMM_EFF, 312e12 * _GEMM_EFF, 19.5e12 * _GEMM_EFF, 2.04e12 * _COPY_EFF,
+                   0.8e12 * 2.04 / 3.35, 5e-6, 128, 80 * 10**9)
+# CPU: a rough few-core machine; CPU chunking follows DEFAULT_CHUNK_ELEMENTS (no alignment), the model only
+# ranks strategies and reports a time.
+CPU = DeviceModel("cpu", 50e9, 20e9, 100e9, 20e9, 10e9, 10e-6, 1, None)
+PRESETS = {m.name: m for m in (H100, H200, A100, CPU)}
+
+
+def device_model(device: torch.device | str | DeviceModel | None = None) -> DeviceModel:
+    """The `DeviceModel` of a device: a model passes through, a preset name ('h100', 'h200', 'a100', 'cpu')
+    selects it, env `LUDIC_FAST_DEVICE_MODEL` (a preset name) overrides the choice for real devices, a CUDA
+    device is matched by `torch.cuda.get_device_name` (unknown GPUs get the A100 preset) with its own total
+    memory, anything else gets the CPU preset."""
+    if isinstance(device, DeviceModel):
+        return device
+    if isinstance(device, str) and device.lower() in PRESETS:
+        return PRESETS[device.lower()]
+    dev = torch.device("cpu" if device is None else device)
+    forced = os.environ.get("LUDIC_FAST_DEVICE_MODEL")
+    if forced:
+        if forced.lower() not in PRESETS:
+            raise ValueError(f"LUDIC_FAST_DEVICE_MODEL must be one of {sorted(PRESETS)}, got {forced!r}")
+        return PRESETS[forced.lower()]
+    return _cuda_model(dev.index if dev.index is not None else torch.cuda.current_device()) if dev.type == "cuda" \
+        else CPU
+
+
+@functools.cache
+def _cuda_model(index: int) -> DeviceModel:
+    name = torch.cuda.get_device_name(index).upper()
+    preset = next((PRESETS[k] for k in ("h200", "h100", "a100") if k.upper() in name), A100)
+    return replace(preset, memory_bytes=int(torch.cuda.get_device_properties(index).total_memory))
+
+
+def accumulator_bytes(mode: str, n: int, d: int, v: int) -> int:
+    """fp32 accumulators every plan of the mode holds: dh [N, D] (with gradients) and dW [V, D] (fused-loss)."""
+    return {"forward": 0, "generic": 4 * n * d}.get(mode, 4 * (n + v) * d)
+
+
+def default_memory_budget(model: DeviceModel, mode: str, n: int, d: int, v: int) -> int | None:
+    """The default budget in bytes: on a GPU `accumulator_bytes` plus `min(WORKSPACE_CAP, WORKSPACE_FRACTION x
+    memory)`; None on the CPU (there chunks hold DEFAULT_CHUNK_ELEMENTS logit elements, the
+    CPU-tuned rule)."""
+    if model.memory_bytes is None:
+        return None
+    allowance = min(WORKSPACE_CAP, int(model.memory_bytes * WORKSPACE_FRACTION))
+    return accumulator_bytes(mode, n, d, v) + allowance
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_memory_budget(value: int | str | None, name: str = "memory_budget") -> int | None:
+    """Bytes from an int (> 0) or a string such as '4GiB', '512MiB', '3.5GB', '1e9'; None passes through."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"{name} must be an int number of bytes or a string like '4GiB', got {value!r}")
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"{name} must be bytes like '4GiB', '512MiB', '3.5GB' or an int, got {value!r}")
+        value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0 bytes, got {value}")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ kernels
+@dataclass(frozen=True)
+class KernelCosts:
+    """What the model assumes of the kernels; update it when they change. Defaults: this release's kernels.
+
+    Bytes per element of the [rows, V] logits moved by the workspace strategy (bf16 inputs):
+    `stats_bytes` forward statistics (GEMM writes fp32 z 4, row kernel reads it 4); `grad_bytes` a backward
+    pass with known statistics (GEMM write 4, row kernel reads 4 and writes d(raw) in the operand dtype 2,
+    gradient GEMMs read 2 + 2); `loss_bytes` a fused-loss chunk (GEMM write 4, statistics read 4, gradient
+    read 4 + write 2, GEMM reads 2 + 2). `ws_bytes`: transient bytes per workspace element (the fp32 chunk;
+    d(raw) lives in its memory). `lean_accumulators`: a gradient element with one contribution is written
+    once by its GEMM in the input dtype, several accumulate in fp32 from a beta = 0 first GEMM (no zero-fill);
+    False: fp32, zero-filled buffers throughout (`once_bytes` per dW element when one GEMM forms each dW row:
+    fp32 output 4 + conversion 4 + 2). `fused_*`: the tl.dot strategy's GEMM rate as a fraction of cuBLAS's
+    (forward measured at 22-25 ms against cuBLAS's 13.1 ms at N=8192 D=4096 V=151936 on an H100) and, when
+    `fused_bwd_atomics`, its backward's (BLOCK_M, BLOCK_N) tile, which sets its fp32 atomic traffic
+    `ceil(V/BN) N D 4 + ceil(N/BM) V D 4` bytes (False: the fused strategy's backward is the workspace one).
+    `torch_*`: the torch backend's bytes per logit element (forward, backward) and transient bytes per chunk
+    element. `launches_*`: kernels per forward chunk, per backward block, per fused-loss chunk (the loss's
+    O(n) autograd included), per torch-backend block."""
+
+    stats_bytes: float = 8.0
+    grad_bytes: float = 14.0
+    loss_bytes: float = 18.0
+    ws_bytes: float = 4.0
+    lean_accumulators: bool = True
+    once_bytes: float = 10.0
+    fused_fwd_fraction: float = 13.1 / 23.5
+    fused_bwd_fraction: float = 340 / 765
+    fused_bwd_block: tuple[int, int] = (64, 128)
+    fused_bwd_atomics: bool = False
+    torch_fwd_bytes: float = 40.0
+    torch_bwd_bytes: float = 60.0
+    torch_chunk_bytes: float = 12.0
+    launches_fwd_chunk: int = 4
+    launches_bwd_block: int = 8
+    launches_loss_chunk: int = 40
+    launches_torch_block: int = 20
+
+
+#: the kernels measured on an H100 (2026-11-23): fp32 d(raw) in place then a bf16 copy, zero-filled fp32
+#: accumulators, the fused strategy's backward with fp32 atomics
+MEASURED_KERNELS = KernelCosts(stats_bytes=8, grad_bytes=22, loss_bytes=26, ws_bytes=6, lean_accumulators=False,
+                               fused_fwd_fraction=340 / 765, fused_bwd_atomics=True)
+KERNELS = KernelCosts()
+
+
+# --------------------------------------------------------------------------------------------------- plan
+@dataclass(frozen=True)
+class HeadPlan:
+    """The plan of one head call. `token_rows` x `vocab_cols`: one chunk of the forward (and of every pass of
+    the fused-loss modes); `grad_rows` x `grad_cols`: one block of the generic backward. `predicted_s`: the
+    model's time (a prediction), `terms`: its parts; `transient_bytes`: peak memory beyond inputs and outputs;
+    `fits`: within `memory_budget` (None: the CPU element rule)."""
+
+    strategy: str
+    token_rows: int
+    vocab_cols: int
+    grad_rows: int
+    grad_cols: int
+    predicted_s: float
+    transient_bytes: int
+    mode: str
+    device: str
+    memory_budget: int | None
+    fits: bool = True
+    terms: tuple[tuple[str, float], ...] = field(default=(), compare=False)
+
+    @property
+    def blocks(self) -> tuple[int, int]:
+        """(token rows, vocab columns) of one chunk, as `ChunkedHead` takes them."""
+        return self.token_rows, self.vocab_cols
+
+
+@dataclass(frozen=True)
+class _Shape:
+    n: int
+    d: int
+    v: int
+    e: int  # input element size in bytes
+    dtype: torch.dtype
+    dev: DeviceModel
+    k: KernelCosts
+
+
+class _Cost:
+    """Named time terms (seconds) and the transient-memory peak of one candidate."""
+
+    def __init__(self, s: _Shape):
+        self.s, self.terms, self.peak = s, {}, 0.0
+
+    def add(self, name: str, seconds: float) -> None:
+        self.terms[name] = self.terms.get(name, 0.0) + seconds
+
+    def traffic(self, name: str, nbytes: float) -> None:
+        self.add(name, nbytes / self.s.dev.bandwidth)
+
+    def gemm(self, name: str, m: int, n: int, k: int, times: int = 1, rate_fraction: float = 1.0) -> None:
+        """`times` GEMMs [m, k] x [k, n]: compute-bound or bound by reading their operands."""
+        s = self.s
+        flops = 2.0 * m * n * k / (s.dev.gemm_flops(s.dtype) * rate_fraction)
+        reads = (m * k + k * n) * s.e / s.dev.bandwidth
+        self.add(name, times * max(flops, reads))
+
+    def launches(self, count: float) -> None:
+        self.add("launch", count * self.s.dev.launch_s)
+
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pieces(total: int, width: int) -> list[tuple[int, int]]:
+    """[(count, size)] of `total` cut into pieces of `width` (the last one shorter)."""
+    full, rest = divmod(total, width)
+    return [(c, w) for c, w in ((full, width), (1 if rest else 0, rest)) if c]
+
+
+def _align_down(x: int, align: int, cap: int) -> int:
+    """`x` rounded down to a multiple of `align` (`cap` itself when x >= cap); 0 when below one multiple."""
+    return cap if x >= cap else x // align * align
+
+
+def _balanced(total: int, width: int, align: int) -> int:
+    """The same number of chunks as `width` gives, with the smallest aligned width (less memory)."""
+    chunks = _cdiv(total, width)
+    return min(total, _cdiv(_cdiv(total, chunks), align) * align) if chunks > 1 else total
+
+
+# ---- cost of each strategy (adds to a _Cost; returns the plan's blocks)
+def _workspace_forward(c: _Cost, rows: int) -> None:
+    s = c.s
+    for count, r in _pieces(s.n, rows):
+        c.gemm("gemm", r, s.v, s.d, count)
+    c.traffic("epilogue", s.k.stats_bytes * s.n * s.v)
+    c.launches(s.k.launches_fwd_chunk * -(-s.n // rows))
+    c.peak = max(c.peak, rows * s.v * 4)
+
+
+def _accumulator(c: _Cost, name: str, count: int, elems: int, scaled: bool, once_fp32_out: bool = False) -> bool:
+    """Traffic of a gradient (dh or dW, `elems` elements) that gets `count` contributions, plus the fused loss's
+    backward scale (`scaled`); returns whether it needs an fp32 buffer of its own."""
+    s, k = c.s, c.s.k
+    if k.lean_accumulators and count == 1:  # written once in the input dtype (scaled in place)
+        c.traffic(name, (s.e + (2 * s.e if scaled else 0)) * elems)
+        return False
+    if once_fp32_out and count == 1:  # fp32 GEMM output converted to the input dtype
+        c.traffic(name, k.once_bytes * elems)
+        return False
+    first = 4 if k.lean_accumulators else 12  # beta = 0 write, or zero-fill + read-modify-write
+    c.traffic(name, (first + (count - 1) * 8 + (8 if scaled else 0) + 4 + s.e) * elems)
+    return True
+
+
+def _workspace_backward(c: _Cost, rows: int, cols: int) -> None:
+    s, k = c.s, c.s.k
+    row_chunks, slices = _cdiv(s.n, rows), _cdiv(s.v, cols)
+    for rc, r in _pieces(s.n, rows):
+        for cc, w in _pieces(s.v, cols):
+            c.gemm("gemm", r, w, s.d, rc * cc)  # recomputed logits
+            c.gemm("gemm", r, s.d, w, rc * cc)  # dh
+            c.gemm("gemm", w, s.d, r, rc * cc)  # dW
+    c.traffic("epilogue", k.grad_bytes * s.n * s.v)
+    mem = rows * cols * k.ws_bytes
+    mem += 4 * s.n * s.d if _accumulator(c, "dh", slices, s.n * s.d, False) else 0
+    mem += 4 * s.v * s.d if _accumulator(c, "dW", row_chunks, s.v * s.d, False, once_fp32_out=True) else 0
+    if row_chunks == 1 and not k.lean_accumulators:
+        mem += cols * s.d * 4  # the slice's fp32 GEMM output before its conversion
+    c.launches(k.launches_bwd_block * row_chunks * slices)
+    c.peak = max(c.peak, mem)
+
+
+def _fused_loss_chunks(c: _Cost, rows: int, coupled: bool) -> None:
+    s, k = c.s, c.s.k
+    chunks = _cdiv(s.n, rows)
+    if coupled:
+        _workspace_forward(c, rows)
+    for count, r in _pieces(s.n, rows):
+        c.gemm("gemm", r, s.v, s.d, count)
+        c.gemm("gemm", r, s.d, s.v, count)
+        c.gemm("gemm", s.v, s.d, r, count)
+    c.traffic("epilogue", k.loss_bytes * s.n * s.v)
+    mem = rows * s.v * k.ws_bytes
+    mem += 4 * s.n * s.d if _accumulator(c, "dh", 1, s.n * s.d, True) else 0
+    mem += 4 * s.v * s.d if _accumulator(c, "dW", chunks, s.v * s.d, True) else 0
+    c.launches(k.launches_loss_chunk * chunks)
+    c.peak = max(c.peak, mem)
+
+
+def _fused_dot(c: _Cost) -> None:
+    """The tl.dot forward (statistics of whole rows, no logits workspace)."""
+    s, k = c.s, c.s.k
+    c.gemm("gemm", s.n, s.v, s.d, rate_fraction=k.fused_fwd_fraction)
+    c.launches(2)
+    c.peak = max(c.peak, 16 * s.n * 64)
+
+
+def _fused_dot_backward(c: _Cost) -> None:
+    """The tl.dot backward: recomputed tiles, dh and dW by fp32 atomics."""
+    s, k = c.s, c.s.k
+    bm, bn = k.fused_bwd_block
+    flops = 4.0 * s.n * s.d * s.v / (s.dev.gemm_flops(s.dtype) * k.fused_bwd_fraction)
+    c.add("gemm", flops)
+    atomics = (-(-s.v // bn) * s.n * s.d + -(-s.n // bm) * s.v * s.d) * 4
+    c.add("atomics", atomics / s.dev.atomic_bandwidth)
+    c.traffic("dh", (8 + s.e) * s.n * s.d)  # zero-fill, conversion
+    c.traffic("dW", (8 + s.e) * s.v * s.d)
+    c.launches(6)
+    c.peak = max(c.peak, 4 * (s.n + s.v) * s.d)
+
+
+def _torch_blocks(c: _Cost, rows: int, cols: int, logit_passes: int, backward: bool) -> None:
+    """The torch backend (and the sliced-vocabulary fused loss): `logit_passes` logits GEMMs per block, then
+    the gradient GEMMs."""
+    s, k = c.s, c.s.k
+    blocks = _cdiv(s.n, rows) * _cdiv(s.v, cols)
+    for rc, r in _pieces(s.n, rows):
+        for cc, w in _pieces(s.v, cols):
+            c.gemm("gemm", r, w, s.d, rc * cc * logit_passes)
+            if backward:
+                c.gemm("gemm", r, s.d, w, rc * cc)
+                c.gemm("gemm", w, s.d, r, rc * cc)
+    c.traffic("epilogue", (logit_passes * k.torch_fwd_bytes + backward * k.torch_bwd_bytes) * s.n * s.v)
+    c.launches(k.launches_torch_block * blocks * (logit_passes + backward))
+    c.peak = rows * cols * k.torch_chunk_bytes
+    if backward:
+        c.traffic("dh", (4 + 8 * _cdiv(s.v, cols) + 4 + s.e) * s.n * s.d)
+        c.traffic("dW", (4 + 8 * _cdiv(s.n, rows) + 4 + s.e) * s.v * s.d)
+        c.peak += 4 * (s.n + s.v) * s.d
+
+
+def _price(s: _Shape, mode: str, strategy: str, rows: int, cols: int, grows: int, gcols: int) -> _Cost:
+    """The cost of one candidate plan."""
+    c = _Cost(s)
+    fused_modes = mode in ("fused_loss", "coupled")
+    if strategy == "fused":
+        _fused_dot(c)
+        if mode == "generic" and s.k.fused_bwd_atomics:
+            _fused_dot_backward(c)
+        elif mode == "generic":
+            _workspace_backward(c, grows, gcols)
+    elif strategy == "torch" or cols < s.v:  # the torch backend, or the sliced-vocabulary fused loss
+        passes = {"forward": 1, "generic": 2, "coupled": 2}.get(mode, 1 if cols == s.v else 2)
+        _torch_blocks(c, rows, cols, passes, mode != "forward")
+    elif fused_modes:
+        _fused_loss_chunks(c, rows, mode == "coupled")
+    else:
+        _workspace_forward(c, rows)
+        if mode == "generic":
+            _workspace_backward(c, grows, gcols)
+    return c
+
+
+# ---- candidate blocks
+def _elements_rule(n: int, v: int, elements: int, align: int = 1) -> tuple[int, int]:
+    """(tokens, vocab columns) with tokens x columns <= elements: whole vocabulary rows unless fewer than 16
+    (align > 1: `align`) fit, then that many tokens and a vocabulary slice; widths multiples of `align`. With
+    align = 1 this is the CPU rule and the `chunk_elements` override."""
+    min_rows = min(max(n, 1), _MIN_CHUNK_TOKENS if align == 1 else align)
+    if elements // v >= min_rows:
+        return max(1, _align_down(min(n, elements // v), align, n)), v
+    return min_rows, max(min(v, align), _align_down(elements // min_rows, align, v))
+
+
+def chunk_plan(n: int, v: int, chunk_elements: int | None) -> tuple[int, int]:
+    """(tokens, vocab columns) of one chunk under the element rule (None: `default_chunk_elements()`)."""
+    elements = default_chunk_elements() if chunk_elements is None else int(chunk_elements)
+    if elements < 1:
+        raise ValueError(f"chunk_elements must be >= 1, got {elements}")
+    return _elements_rule(n, v, elements)
+
+
+def grad_blocks(n: int, v: int, elements: int) -> tuple[int, int]:
+    """The workspace backward's blocks under a `chunk_elements` override: all tokens of a vocabulary slice of
+    at least 1024 columns when that fits (slices narrower than V: multiples of 128 columns), else 1024-column
+    slices of fewer tokens."""
+    cols = min(v, elements // max(n, 1))
+    if cols >= min(v, _MIN_GRAD_COLS):
+        return max(n, 1), cols if cols == v else cols // 128 * 128
+    cols = min(v, _MIN_GRAD_COLS)
+    return max(1, elements // cols), cols
+
+
+def _row_options(n: int, limit: int, align: int) -> list[int]:
+    """Aligned token-chunk rows of at most `limit` rows: the largest (balanced) and a few smaller ones."""
+    top = _align_down(min(limit, n), align, n)
+    out = set()
+    while top > 0 and len(out) < 6:
+        out.add(_balanced(n, top, align))
+        top = _align_down(top // 2, align, n) if top > align else 0
+    return sorted(out, reverse=True)
+
+
+def _candidates(s: _Shape, mode: str, strategy: str, budget: int | None, chunk_elements: int | None):
+    """(rows, cols, grad_rows, grad_cols) candidates of one strategy (not all of them fit the budget)."""
+    n, d, v, k, align = s.n, s.d, s.v, s.k, s.dev.align
+    fused_modes = mode in ("fused_loss", "coupled")
+    if strategy == "fused" and (mode == "forward" or k.fused_bwd_atomics):
+        return [(n, v, n, v)]
+    if chunk_elements is not None:  # the element rule: an override, or the CPU default
+        elements = chunk_elements
+        rows, cols = _elements_rule(n, v, elements)
+        if strategy != "torch" and not fused_modes:  # whole rows forward, sliced backward
+            return [(n if strategy == "fused" else max(1, min(n, elements // v)), v, *grad_blocks(n, v, elements))]
+        return [(rows, cols, rows, cols)]
+    fixed = 4 * (n + v) * d if mode != "forward" else 0  # fp32 dh and dW accumulators (torch backend)
+    if strategy == "torch":
+        rows, cols = _elements_rule(n, v, max(1, int((budget - fixed) // k.torch_chunk_bytes)), align)
+        return [(rows, cols, rows, cols)]
+    if fused_modes:
+        fixed = accumulator_bytes(mode, n, d, v) if not k.lean_accumulators else 0
+        if k.lean_accumulators and n * v * k.ws_bytes > budget:  # several chunks: dW accumulates in fp32
+            fixed = 4 * v * d
+        rows_opts = _row_options(n, int((budget - fixed) // (v * k.ws_bytes)), align)
+        out = [(r, v, r, v) for r in rows_opts]
+        if not out:  # not even `align` whole rows: vocabulary slices (the torch chunk code), or the least memory
+            rows, cols = _elements_rule(n, v, max(1, int((budget - fixed) // k.torch_chunk_bytes)), align)
+            out = [(rows, cols, rows, cols), (min(n, align), v, min(n, align), v)]
+        return out
+    fwd_rows = n if strategy == "fused" else (_row_options(n, budget // (4 * v), align) or [min(n, align)])[0]
+    if mode == "forward":
+        return [(fwd_rows, v, fwd_rows, v)]
+    out = []
+    for grows in [n, *_row_options(n, n // 2, align)]:
+        multi = grows < n
+        spare = budget - 4 * n * d - (4 * v * d if multi else 0)  # dh fp32 (several slices), dW fp32 (chunks)
+        extra = 4 * d if not (multi or k.lean_accumulators) else 0  # a slice's fp32 dW GEMM output
+        gcols = _align_down(int(spare // (grows * k.ws_bytes + extra)), align, v)
+        if k.lean_accumulators and grows * v * k.ws_bytes + (4 * v * d if multi else 0) <= budget:
+            gcols = v  # one slice spans the vocabulary: dh needs no fp32 buffer
+        if gcols > 0:
+            out.append((fwd_rows, v, grows, gcols))
+    return out + [(fwd_rows, v, min(n, align), min(v, align))]  # the smallest block, fitting or not
+
+
+def plan_head(
+    n: int,
+    d: int,
+    v: int,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    mode: str = "generic",
+    device: torch.device | str | DeviceModel | None = None,
+    backend: str = "triton",
+    memory_budget: int | str | None = None,
+    chunk_elements: int | None = None,
+    strategy: str | None = None,
+    kernels: KernelCosts | None = None,
+) -> HeadPlan:
+    """The plan of a head call of `n` tokens, hidden size `d`, vocabulary `v`, inputs of `dtype`.
+
+    `mode`: 'forward' (no gradient), 'generic' (autograd: forward, then a backward that recomputes the
+    logits; 8NDV), 'fused_loss' (token-local loss, gradients formed in the forward; 6NDV), 'coupled'
+    (sequence-coupled loss: a statistics pass, then the fused-loss pass; 8NDV). `backend` 'triton'
+    (strategies 'workspace', 'fused') or 'torch'. `memory_budget`: bytes (int or '4GiB'). `chunk_elements`:
+    the low-level override (logit elements per chunk). Neither given: $LUDIC_FAST_CHUNK_ELEMENTS as
+    chunk_elements when set, else the device default (`default_memory_budget`; the CPU: 64 Mi elements).
+    `strategy`: force one ('auto'/None: the fastest predicted). The fused-loss modes always use the workspace
+    strategy on the triton backend."""
+    for name, x in (("n", n), ("d", d), ("v", v)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {x!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if backend not in BACKEND_STRATEGIES:
+        raise ValueError(f"backend must be one of {tuple(BACKEND_STRATEGIES)}, got {backend!r}")
+    if chunk_elements is not None and (isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int)
+                                       or chunk_elements < 1):
+        raise ValueError(f"chunk_elements must be an int >= 1, got {chunk_elements!r}")
+    model = device_model(device)
+    budget = parse_memory_budget(memory_budget)
+    if budget is None and chunk_elements is None:  # env override, else the device default
+        chunk_elements = env_chunk_elements()
+        if chunk_elements is None:
+            budget = default_memory_budget(model, mode, max(n, 1), max(d, 1), max(v, 1))
+            chunk_elements = DEFAULT_CHUNK_ELEMENTS if budget is None else None
+    allowed = BACKEND_STRATEGIES[backend]
+    if strategy not in (None, "auto", *allowed):
+        raise ValueError(f"strategy must be one of {('auto', *allowed)} for backend={backend!r}, got {strategy!r}")
+    if mode in ("fused_loss", "coupled") and backend == "triton":
+        allowed = ("workspace",)
+    elif strategy not in (None, "auto"):
+        allowed = (strategy,)
+    return _plan(max(n, 1), max(d, 1), max(v, 1), dtype, mode, model, budget, chunk_elements, allowed,
+                 kernels or KERNELS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(n, d, v, dtype, mode, model, budget, chunk_elements, allowed, kernels) -> HeadPlan:
+    s = _Shape(n, d, v, torch.empty((), dtype=dtype).element_size(), dtype, model, kernels)
+    best = None
+    for strategy in allowed:
+        for rows, cols, grows, gcols in _candidates(s, mode, strategy, budget, chunk_elements):
+            c = _price(s, mode, strategy, rows, cols, grows, gcols)
+            fits = budget is None or c.peak <= budget
+            key = (not fits, c.total() if fits else c.peak)
+            if best is None or key < best[0]:
+                best = (key, strategy, rows, cols, grows, gcols, c, fits)
+    _, strategy, rows, cols, grows, gcols, c, fits = best
+    return HeadPlan(strategy, rows, cols, grows, gcols, c.total(), int(math.ceil(c.peak)), mode, model.name,
+                    budget, fits, tuple(sorted(c.terms.items())))
+
+
+__all__ = [
+    "plan_head", "HeadPlan", "DeviceModel", "KernelCosts", "KERNELS", "PRESETS", "device_model",
+    "default_memory_budget", "accumulator_bytes", "parse_memory_budget", "chunk_plan", "default_chunk_elements",
+    "MEASURED_KERNELS",
+]

@@ -1,0 +1,244 @@
+"""The cost model and planner of the head (`ludic_fast.ops.plan`): hand-derived numbers, budget, alignment,
+and the orderings measured on an H100 (2026-11-23, at commit 6cccb55, kernels of that commit)."""
+
+import itertools
+
+import pytest
+import torch
+
+from ludic_fast.ops import plan as P
+
+ANCHOR, QWEN, LLAMA = (8192, 4096, 151936), (16384, 896, 151936), (32768, 4096, 128256)
+MI = 2**20
+#: the kernels measured on the H100 (the model's defaults may move on as the kernels get leaner)
+MEASURED = P.MEASURED_KERNELS
+
+
+def _plan(shape, **kw):
+    kw.setdefault("device", "h100")
+    kw.setdefault("kernels", MEASURED)
+    return P.plan_head(*shape, **kw)
+
+
+def _terms(plan):
+    return dict(plan.terms)
+
+
+def test_dw_traffic_overhead_is_340_over_n_on_the_h100_preset():
+    """One extra token chunk costs 8 V D bytes of fp32 dW traffic; a chunk of n rows costs 6 n D V FLOPs of
+    GEMMs: overhead 8 R / (6 B n) = 8 * 765e12 / (6 * 3.0e12 * n) = 340 / n (441-row chunks: 77%)."""
+    d, v, n = 4096, 151936, 441
+    one = _plan((14 * n, d, v), mode="fused_loss", chunk_elements=14 * n * v)
+    many = _plan((14 * n, d, v), mode="fused_loss", chunk_elements=n * v)
+    assert (one.token_rows, many.token_rows) == (14 * n, n)
+    per_chunk_dw = (_terms(many)["dW"] - _terms(one)["dW"]) / 13
+    per_chunk_gemm = _terms(many)["gemm"] / 14
+    assert per_chunk_dw == pytest.approx(8 * v * d / 3.0e12, rel=1e-12)
+    assert per_chunk_gemm == pytest.approx(6 * n * d * v / 765e12, rel=1e-12)
+    assert per_chunk_dw / per_chunk_gemm == pytest.approx(340 / n, rel=1e-12)
+    assert 340 / 441 == pytest.approx(0.771, abs=1e-3)  # the profile measured 24.1 ms over 28.9 ms: 83%
+
+
+def test_fused_loss_gemm_floor_is_6ndv_and_coupled_adds_a_statistics_pass():
+    n, d, v = 6144, 4096, 151936
+    loss = _plan((n, d, v), mode="fused_loss", chunk_elements=n * v)
+    coupled = _plan((n, d, v), mode="coupled", chunk_elements=n * v)
+    generic = _plan((n, d, v), mode="generic", strategy="workspace", chunk_elements=n * v)
+    assert _terms(loss)["gemm"] == pytest.approx(6 * n * d * v / 765e12)
+    assert _terms(coupled)["gemm"] == pytest.approx(8 * n * d * v / 765e12)
+    assert _terms(generic)["gemm"] == pytest.approx(8 * n * d * v / 765e12)
+    assert _terms(loss)["epilogue"] == pytest.approx(26 * n * v / 3.0e12)
+
+
+@pytest.mark.parametrize(
+    "shape,measured",
+    [  # CISPO fused-loss mode on the scored rows (3/4 of N); chunk elements -> measured ms
+        ((6144, 4096, 151936), {64: 69.2, 256: 48.1, 1024: 42.3}),
+        ((12288, 896, 151936), {64: 48.3, 256: 32.9, 1024: 29.8}),
+        ((24576, 4096, 128256), {64: 205.4, 256: 148.2, 1024: 139.8}),
+    ],
+    ids=["anchor", "qwen0.5b", "llama8b"],
+)
+def test_fused_loss_predictions_track_the_h100_measurements(shape, measured):
+    """Larger chunks are faster, as measured; and every prediction is within 10% of the measured time."""
+    times = {mi: _plan(shape, mode="fused_loss", chunk_elements=mi * MI).predicted_s * 1e3 for mi in measured}
+    assert times[64] > times[256] > times[1024]
+    for mi, ms in measured.items():
+        assert times[mi] == pytest.approx(ms, rel=0.10), (mi, times[mi], ms)
+
+
+def test_head_op_predictions_track_the_h100_measurements():
+    """Head op fwd+bwd with the 64 Mi-element chunk (workspace): 70.8, 47.3, 243.5 ms measured."""
+    for shape, ms in ((ANCHOR, 70.8), (QWEN, 47.3), (LLAMA, 243.5)):
+        plan = _plan(shape, mode="generic", strategy="workspace", chunk_elements=64 * MI)
+        assert plan.predicted_s * 1e3 == pytest.approx(ms, rel=0.12)
+    fwd = _plan(ANCHOR, mode="forward", strategy="workspace", chunk_elements=64 * MI)
+    assert fwd.predicted_s * 1e3 == pytest.approx(18.3, rel=0.10)
+
+
+@pytest.mark.parametrize("n,ws_ms,fused_ms", [(64, 4.5, 10.7), (512, 7.0, 43.7), (2048, 19.2, 166.7)])
+def test_workspace_beats_the_fused_tl_dot_strategy_at_small_n(n, ws_ms, fused_ms):
+    """Measured: the fused strategy (fp32 atomics on dW at every k step) is 2.4-9x slower than the workspace
+    strategy at N = 64..2048; the model ranks them the same way and `auto` picks the workspace."""
+    shape = (n, 4096, 151936)
+    ws = _plan(shape, mode="generic", strategy="workspace", chunk_elements=64 * MI)
+    fused = _plan(shape, mode="generic", strategy="fused", chunk_elements=64 * MI)
+    assert fused.predicted_s > 1.5 * ws.predicted_s
+    assert _plan(shape, mode="generic").strategy == "workspace"
+    assert fused.predicted_s * 1e3 == pytest.approx(fused_ms, rel=0.3)
+    assert ws.predicted_s * 1e3 == pytest.approx(ws_ms, rel=0.25)
+
+
+def test_auto_never_picks_a_path_predicted_slower():
+    for shape, mode, budget in itertools.product(
+        [ANCHOR, QWEN, (64, 4096, 151936), (300, 40, 1021)], ["forward", "generic"], [None, 2**28, 2**31, 2**33]
+    ):
+        auto = _plan(shape, mode=mode, memory_budget=budget)
+        for strategy in ("workspace", "fused"):
+            forced = _plan(shape, mode=mode, memory_budget=budget, strategy=strategy)
+            if forced.fits:
+                assert auto.fits and auto.predicted_s <= forced.predicted_s
+
+
+@pytest.mark.parametrize("mode", P.MODES)
+@pytest.mark.parametrize("shape", [ANCHOR, QWEN, LLAMA, (64, 4096, 151936), (2048, 4096, 151936)])
+def test_more_budget_never_predicts_slower_and_the_budget_is_respected(mode, shape):
+    previous = None
+    for gib in (0.25, 0.5, 1, 2, 3, 4, 6, 8, 16):
+        budget = int(gib * P.GiB)
+        plan = _plan(shape, mode=mode, memory_budget=budget)
+        if plan.fits:
+            assert plan.transient_bytes <= budget
+            if previous is not None and previous.fits:
+                assert plan.predicted_s <= previous.predicted_s * (1 + 1e-12)
+        previous = plan
+
+
+def test_a_budget_nothing_fits_gets_the_least_memory_plan():
+    n, d, v = ANCHOR
+    tiny = _plan(ANCHOR, mode="fused_loss", memory_budget=10**6)
+    assert not tiny.fits
+    assert tiny.transient_bytes >= 4 * (n + v) * d  # the fp32 dW and dh every fused-loss plan holds
+    assert tiny.transient_bytes <= _plan(ANCHOR, mode="fused_loss", memory_budget=P.GiB // 2).transient_bytes
+
+
+@pytest.mark.parametrize("mode", P.MODES)
+def test_chunks_and_slices_are_multiples_of_128_on_gpus(mode):
+    shapes = [ANCHOR, QWEN, LLAMA, (32704, 4096, 128256), (1000, 4096, 50257), (129, 512, 4099), (64, 64, 300)]
+    for shape, gib in itertools.product(shapes, (0.1, 0.5, 1, 3, 20)):
+        n, _, v = shape
+        plan = _plan(shape, mode=mode, memory_budget=int(gib * P.GiB))
+        for rows in (plan.token_rows, plan.grad_rows):
+            assert rows == n or rows % 128 == 0, (shape, gib, plan)
+        for cols in (plan.vocab_cols, plan.grad_cols):
+            assert cols == v or cols % 128 == 0, (shape, gib, plan)
+
+
+def test_sft_slices_at_llama_shape_are_aligned():
+    """32704 rows x 64 Mi elements gave 2052-column slices (4104-byte rows: cuBLAS fell back to Ampere
+    kernels); a byte budget gives 128-multiples."""
+    assert P.grad_blocks(32704, 128256, 64 * MI) == (32704, 2048)  # the element override, aligned too
+    plan = _plan((32704, 4096, 128256), mode="generic", memory_budget=P.GiB)
+    assert plan.grad_cols % 128 == 0 and plan.fits
+
+
+def test_cpu_default_is_the_64mi_element_rule():
+    """On the CPU the chunking is unchanged: whole rows of a 64 Mi-element chunk (441 rows at V=151936), or
+    16 tokens and a vocabulary slice when fewer than 16 rows fit."""
+    assert P.default_memory_budget(P.CPU, "generic", 8192, 4096, 151936) is None
+    for mode, backend in (("generic", "torch"), ("fused_loss", "torch"), ("fused_loss", "triton")):
+        plan = P.plan_head(8192, 4096, 151936, mode=mode, device="cpu", backend=backend)
+        assert plan.blocks == (441, 151936)
+    assert P.chunk_plan(100, 1000, 3000) == (16, 187)
+    assert P.chunk_plan(10, 1000, 10_000) == (10, 1000)  # all 10 rows fit: whole rows
+    assert P.chunk_plan(8192, 151936, None) == (64 * MI // 151936, 151936)
+
+
+def test_default_budget_on_gpus():
+    """Accumulators of the mode + min(1 GiB, memory / 64)."""
+    n, d, v = ANCHOR
+    assert P.default_memory_budget(P.H100, "fused_loss", n, d, v) == 4 * (n + v) * d + P.GiB
+    assert P.default_memory_budget(P.H100, "generic", n, d, v) == 4 * n * d + P.GiB
+    small = P.replace(P.H100, memory_bytes=24 * 10**9)
+    assert P.default_memory_budget(small, "forward", n, d, v) == 24 * 10**9 // 64
+    plan = P.plan_head(*ANCHOR, mode="fused_loss", device="h100")
+    assert plan.memory_budget == 4 * (n + v) * d + P.GiB and plan.fits
+
+
+def test_device_model_selection(monkeypatch):
+    assert P.device_model("h200") is P.H200 and P.device_model(P.A100) is P.A100
+    assert P.device_model(torch.device("cpu")) is P.CPU
+    monkeypatch.setenv("LUDIC_FAST_DEVICE_MODEL", "h100")
+    assert P.device_model(torch.device("cpu")) is P.H100
+    monkeypatch.setenv("LUDIC_FAST_DEVICE_MODEL", "tpu")
+    with pytest.raises(ValueError, match="LUDIC_FAST_DEVICE_MODEL"):
+        P.device_model(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name,preset", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                         ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA L40S", "a100")])
+def test_cuda_devices_are_matched_by_name(monkeypatch, name, preset):
+    class Props:
+        total_memory = 80 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: name)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props)
+    P._cuda_model.cache_clear()
+    try:
+        model = P.device_model(torch.device("cuda", 0))
+    finally:
+        P._cuda_model.cache_clear()
+    assert model == P.replace(P.PRESETS[preset], memory_bytes=80 * 2**30)
+
+
+def test_presets_scale_public_specs_by_the_h100_efficiency():
+    assert P.H100.bf16_flops == 765e12 and P.H100.bandwidth == 3.0e12
+    assert P.H200.bf16_flops == P.H100.bf16_flops and P.H200.bandwidth == pytest.approx(4.8e12 * 3.0 / 3.35)
+    assert P.A100.bf16_flops == pytest.approx(312e12 * 765 / 989)
+    assert P.H100.gemm_flops(torch.float32) < P.H100.gemm_flops(torch.bfloat16)
+
+
+@pytest.mark.parametrize("text,value", [("4GiB", 4 * 2**30), ("512MiB", 512 * 2**20), ("3.5GB", 3_500_000_000),
+                                        ("1e9", 10**9), (" 2 gib ", 2 * 2**30), (12345, 12345)])
+def test_parse_memory_budget(text, value):
+    assert P.parse_memory_budget(text) == value
+
+
+@pytest.mark.parametrize("bad", ["", "GiB", "4 parsecs", "-1GiB", 0, -3, "0"])
+def test_bad_memory_budget_values(bad):
+    with pytest.raises(ValueError, match="memory_budget"):
+        P.parse_memory_budget(bad)
+
+
+@pytest.mark.parametrize("kw,match", [({"mode": "backward"}, "mode"), ({"backend": "cuda"}, "backend"),
+                                      ({"strategy": "torch"}, "strategy"), ({"chunk_elements": 0}, "chunk_elements"),
+                                      ({"memory_budget": "lots"}, "memory_budget")])
+def test_plan_head_names_bad_arguments(kw, match):
+    with pytest.raises(ValueError, match=match):
+        P.plan_head(8, 16, 32, device="h100", **kw)
+
+
+def test_forced_strategy_and_the_torch_backend():
+    assert _plan(ANCHOR, mode="generic", strategy="fused").strategy == "fused"
+    torch_plan = _plan(ANCHOR, mode="generic", backend="torch", memory_budget=4 * P.GiB)
+    assert torch_plan.strategy == "torch" and torch_plan.fits
+    assert torch_plan.token_rows % 128 == 0 and torch_plan.vocab_cols == ANCHOR[2]
+
+
+def test_lean_kernels_accumulator_traffic_and_memory():
+    """This release's kernels: 18 bytes per logit element in a fused-loss chunk; dW with several chunks: the
+    first written with beta = 0 (4 V D), each later chunk read + written (8 V D), the backward's scale (8) and
+    cast to bf16 (6); with one chunk dW is written once in bf16 (2) and scaled in place (4), and no fp32
+    [V, D] buffer is held."""
+    n, d, v = 6144, 4096, 151936
+    lean = P.KERNELS
+    three = P.plan_head(n, d, v, mode="fused_loss", device="h100", chunk_elements=2048 * v, kernels=lean)
+    one = P.plan_head(n, d, v, mode="fused_loss", device="h100", chunk_elements=n * v, kernels=lean)
+    assert dict(three.terms)["dW"] == pytest.approx((4 + 2 * 8 + 8 + 6) * v * d / 3.0e12)
+    assert dict(one.terms)["dW"] == pytest.approx((2 + 4) * v * d / 3.0e12)
+    assert dict(one.terms)["epilogue"] == pytest.approx(18 * n * v / 3.0e12)
+    assert one.transient_bytes == n * v * 4  # the fp32 workspace only (d(raw) lives in its memory)
+    assert three.transient_bytes == 2048 * v * 4 + 4 * v * d  # + the fp32 dW
+    generic = P.plan_head(8192, d, v, mode="generic", device="h100", memory_budget=P.GiB, kernels=lean)
+    assert generic.strategy == "workspace" and generic.fits  # the fused forward is predicted slower
+    assert P.plan_head(8192, d, v, mode="generic", device="h100", strategy="fused").predicted_s > generic.predicted_s
