@@ -287,13 +287,13 @@ class Trainer:
             for m in (self.model, self.ref_model):
                 if m is not None:
                     compile_body(m, backend=backend)
+        self.amp_dtype = MIXED_PRECISION[cfg.mixed_precision_dtype]
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp_dtype is torch.float16 else None
         self.packing = self.ref_packing = None
         if cfg.layout == "packed":
             self.packing = self._packed_attention(self.model, training=True)
             if self.ref_model is not None:
                 self.ref_packing = self._packed_attention(self.ref_model, training=False)
-        self.amp_dtype = MIXED_PRECISION[cfg.mixed_precision_dtype]
-        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp_dtype is torch.float16 else None
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas), eps=cfg.eps
@@ -348,7 +348,7 @@ class Trainer:
             training=training,
         )
         if self.cfg.check_packing:
-            check_packed_attention(model, packing)
+            check_packed_attention(model, packing, autocast_dtype=self.amp_dtype)
         return packing
 
     # ------------------------------------------------------------------------------------------ loss

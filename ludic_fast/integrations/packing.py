@@ -189,7 +189,7 @@ def _probe_rows(vocab: int, lengths: Sequence[int], seed: int) -> tuple[Tensor, 
 @torch.no_grad()
 def check_packed_attention(
     model: nn.Module, packing: PackedAttention, *, lengths: Sequence[int] = (7, 5), seed: int = 0,
-    rtol: float | None = None,
+    rtol: float | None = None, autocast_dtype: torch.dtype | None = None,
 ) -> dict[str, float]:
     """Probe that a packed forward of `model` is exact: raises `PackedAttentionError` otherwise.
 
@@ -197,13 +197,15 @@ def check_packed_attention(
     token) and each alone. Isolation: B's final hidden states must not change with A (max |Δ| over max |h|
     at most 1e-5 in fp32, 1e-3 in half precision: exact masking gives 0). Positions: each sequence packed
     equals it alone (relative error at most `rtol`, default 1e-4 in fp32 and 5e-2 in half precision).
-    Runs in eval mode (no dropout) inside the model's forward (`call_in_forward`); returns both errors."""
+    Runs in eval mode (no dropout) inside the model's forward (`call_in_forward`), under
+    `torch.autocast(autocast_dtype)` when given (as the trainer's mixed precision runs it: flash-attention needs
+    half precision; half-precision tolerances then); returns both errors."""
     lm = unwrap_model(model)
     emb = lm.get_input_embeddings() if hasattr(lm, "get_input_embeddings") else None
     if emb is None or not hasattr(emb, "num_embeddings"):
         raise PackedAttentionError("layout='packed': cannot probe a model without input embeddings")
     param = next(lm.parameters())
-    half = param.dtype in (torch.float16, torch.bfloat16)
+    half = (autocast_dtype or param.dtype) in (torch.float16, torch.bfloat16)
     iso_tol, pos_tol = (1e-3, 5e-2) if half else (1e-5, 1e-4)
     pos_tol = pos_tol if rtol is None else rtol
     first, other, second = _probe_rows(emb.num_embeddings, lengths, seed)
@@ -218,7 +220,9 @@ def check_packed_attention(
             "cu_seqlens": cu.to(device),
         }
         inputs = packing.model_inputs(batch) if len(seqs) > 1 else {"input_ids": batch["input_ids"]}
-        return call_in_forward(model, lambda m, **kw: final_hidden_states(m, **kw), **inputs)[0].float()
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            out = call_in_forward(model, lambda m, **kw: final_hidden_states(m, **kw), **inputs)
+        return out[0].float()
 
     was_training = model.training
     model.eval()

@@ -52,6 +52,18 @@ def test_packed_equals_padded(device, attn):
     _close(grads["packed"], grads["padded"], GRAD_TOL[dtype])
 
 
+@pytest.mark.parametrize(("device", "attn"), [on("cpu", "sdpa", id="cpu-sdpa"), on("cuda", "sdpa", id="cuda-sdpa"),
+                                              *[p for p in ATTENTION if p.id == "cuda-flash2"]])
+def test_packed_equals_padded_under_bf16_mixed_precision(device, attn):
+    """fp32 master weights, bf16 autocast (the CLI's --dtype bf16; flash-attention runs only so): the trainer's
+    packed-attention probe runs under the same autocast, and packed gradients match padded ones."""
+    model = _model("qwen2", attn).to(device)
+    items = make_items(8, seed=10)
+    grads = {layout: _grads(copy.deepcopy(model), items, device, layout=layout, body_kernels=False,
+                            mixed_precision_dtype="bf16") for layout in ("padded", "packed")}
+    _close(grads["packed"], grads["padded"], GRAD_TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("device", [on("cuda", id="cuda")])
 def test_body_kernels_match_the_unfused_body(device):
     """fp32 Llama and Qwen2: Liger's RMSNorm / RoPE / SwiGLU give the unfused body's gradients."""
