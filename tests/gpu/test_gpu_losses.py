@@ -18,7 +18,9 @@ from ludic_fast import linear_cross_entropy
 from ludic_fast import losses as L
 from ludic_fast import reference as R
 
-CHUNK = 5 * 37  # 5 whole vocabulary rows per chunk: several chunks per call
+# 16 whole vocabulary rows per chunk (the fewest the triton fused-loss path takes whole rows at; below that it
+# slices the vocabulary on torch ops): several chunks per call
+CHUNK = 16 * 37
 LOSS_TOL = 1e-5  # relative, fp32 (as tests/test_losses_parity.py)
 
 
