@@ -9,9 +9,10 @@ n tokens. With z = final(ws + b) (fp32; see `_logit_math`):
 
 `d [n, c]` is written in its own dtype (the gradient GEMMs' operand dtype: bf16/fp16, or fp32), so no
 conversion pass follows. It may be `ws` itself, or a narrower view of ws's memory whose row i starts at the
-first byte of ws's row i (a bf16 view of an fp32 workspace: no second buffer). In that case a block's store
-can overlap bytes of the same block that other threads load, so the loop puts a barrier between a block's
-loads and its stores (NARROW); later blocks only store below bytes already read.
+first byte of ws's row i (a bf16 view of an fp32 workspace: no second buffer). In that case (NARROW) the
+loop puts a barrier between each block's loads and its stores: all warps then finish loading fp32 blocks
+0..k before any thread stores narrow block k, whose bytes lie inside fp32 blocks 0..k (inside block 0 itself
+for k = 0), so no store lands on bytes still to be read.
 
 Vocab columns past c are -inf for the statistics and 0 for the entropy sum. Targets are global vocab ids
 (-1 = ignored row: no gradient, z_y = 0). Row offsets are int64.
