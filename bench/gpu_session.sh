@@ -3,10 +3,11 @@
 # no package registry (the peers travel as wheels). Each stage fits in one 10-minute command.
 #
 #   bash bench/gpu_session.sh wheels        # HERE (a machine with PyPI): download the peers' wheels into .whl/
-#   bash bench/gpu_session.sh test          # THERE: make test-gpu (GPU suite + key table)        ~5 min
+#   bash bench/gpu_session.sh test          # THERE: make test-gpu (GPU suite + key table; untimed)
 #   bash bench/gpu_session.sh bench-large   # THERE: ludic-fast bench --preset gpu, the 3 large shapes
 #   bash bench/gpu_session.sh bench-small   # THERE: the same at N = 64, 512, 2048
 #   bash bench/gpu_session.sh suite         # THERE: the whole unit suite with CUDA visible
+#   bash bench/gpu_session.sh e2e           # THERE: make bench-e2e-gpu (the trainer end to end)
 #
 # Several stages may follow one another in one call (`test bench-small`). Every stage on the GPU machine first
 # installs the carried wheels (from $WHEELS, default .whl) into /tmp/site and the project with --no-deps,
@@ -102,6 +103,13 @@ stage() {
             return "$rc"
             ;;
         bench-large) bench large "$LARGE" ;;
+        e2e)
+            local rc=0
+            run make bench-e2e-gpu GPU_PY="$PY" || rc=$?
+            collect "$RESULTS/trainer_e2e.md" trainer_e2e.md
+            collect "$RESULTS/trainer_e2e.json" trainer_e2e.json
+            return "$rc"
+            ;;
         bench-small) bench small "$SMALL" ;;
         suite)
             local rc=0
@@ -115,7 +123,7 @@ stage() {
 }
 
 if [[ $# -eq 0 ]]; then
-    sed -n '2,15p' "$0"
+    sed -n '2,16p' "$0"
     exit 2
 fi
 if [[ $1 == wheels ]]; then
@@ -124,9 +132,9 @@ if [[ $1 == wheels ]]; then
 fi
 for name in "$@"; do
     case $name in
-        test | bench-large | bench-small | suite) ;;
+        test | bench-large | bench-small | suite | e2e) ;;
         *)
-            echo "unknown stage '$name' (wheels | test | bench-large | bench-small | suite)" >&2
+            echo "unknown stage '$name' (wheels | test | bench-large | bench-small | suite | e2e)" >&2
             exit 2
             ;;
     esac
