@@ -3,7 +3,8 @@ docs/kernels.md. Run: `python bench/plan_table.py [--device h100] [--budget 4GiB
 
 Table 1: the head op (logprob + entropy, forward + backward, generic mode) and the CISPO loss (fused-loss
 mode, on the 3/4 of the rows that are action tokens) at the default budget (or --budget), bf16 inputs.
-Table 2: the model against the times measured on an H100 (2026-11-23, commit 6cccb55, the kernels of that
+Table 2: CISPO's predicted time and transient memory against the budget.
+Table 3: the model against the times measured on an H100 (2026-11-23, commit 6cccb55, the kernels of that
 commit, `plan.MEASURED_KERNELS`), at the chunk sizes that were measured.
 """
 
@@ -51,17 +52,37 @@ def _fmt_block(rows: int, cols: int, n: int, v: int) -> str:
     return f"{'all ' if rows == n else ''}{rows} x {'V' if cols == v else cols}"
 
 
+def _dw_group(p, n: int) -> str:
+    rows = p.stage_rows or p.token_rows
+    return f"dW per {'all ' if rows == n else ''}{rows} rows{' (staged)' if p.stage_rows else ''}"
+
+
+def curve_table(device: str) -> str:
+    """CISPO (fused-loss mode) predicted time and transient memory against the memory budget."""
+    budgets = (1, 2, 3, 4, 6, 8)
+    out = ["| shape | " + " | ".join(f"{b} GiB" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
+    for name in ("anchor", "qwen0.5b", "llama8b"):
+        n, d, v, mode = _call(name, "cispo")
+        cells = []
+        for b in budgets:
+            p = plan_head(n, d, v, mode=mode, device=device, memory_budget=b * GiB)
+            over = "" if p.fits else " (over)"
+            cells.append(f"{p.predicted_s * 1e3:.1f} ms / {p.transient_bytes / GiB:.2f}{over}")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def plans_table(device: str, budget: str | None) -> str:
     out = [
-        "| shape | op | rows scored | strategy | forward chunk | backward block | budget GiB | transient GiB "
-        "| predicted ms | TRL 1.16 measured ms |",
+        "| shape | op | rows scored | strategy | forward chunk | backward block / dW group | budget GiB "
+        "| transient GiB | predicted ms | TRL 1.16 measured ms |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in SHAPES:
         for op in ("head", "cispo"):
             n, d, v, mode = _call(name, op)
             p = plan_head(n, d, v, dtype=torch.bfloat16, mode=mode, device=device, memory_budget=budget)
-            bwd = _fmt_block(p.grad_rows, p.grad_cols, n, v) if mode == "generic" else "(in the forward)"
+            bwd = _fmt_block(p.grad_rows, p.grad_cols, n, v) if mode == "generic" else _dw_group(p, n)
             trl = TRL_MS.get((name, op))
             out.append(
                 f"| {name} | {op} | {n} | {p.strategy} | {_fmt_block(p.token_rows, p.vocab_cols, n, v)} | {bwd} "
@@ -91,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget", default=None, help="memory budget, e.g. 4GiB (default: the device's)")
     args = ap.parse_args(argv)
     print(plans_table(args.device, args.budget))
+    print()
+    print(curve_table(args.device))
     print()
     print(calibration_table())
 

@@ -242,3 +242,16 @@ def test_lean_kernels_accumulator_traffic_and_memory():
     generic = P.plan_head(8192, d, v, mode="generic", device="h100", memory_budget=P.GiB, kernels=lean)
     assert generic.strategy == "workspace" and generic.fits  # the fused forward is predicted slower
     assert P.plan_head(8192, d, v, mode="generic", device="h100", strategy="fused").predicted_s > generic.predicted_s
+
+
+def test_dw_staging_when_one_fp32_dw_does_not_fit():
+    """6144 x 151936 bf16 rows under 2 GiB: one chunk's fp32 workspace (3.48 GiB) does not fit, nor does a
+    chunked plan's fp32 dW (2.32 GiB) — but staging all rows' bf16 d(raw) (1.74 GiB) beside a small workspace
+    does, with dW written once in bf16 (2 bytes per element, scaled in place: 4)."""
+    n, d, v = 6144, 4096, 151936
+    plan = P.plan_head(n, d, v, mode="fused_loss", device="h100", memory_budget=2 * P.GiB)
+    assert plan.fits and plan.stage_rows == n and plan.token_rows < n and plan.token_rows % 128 == 0
+    assert plan.transient_bytes == plan.token_rows * v * 4 + n * v * 2
+    assert dict(plan.terms)["dW"] == pytest.approx((2 + 4) * v * d / 3.0e12)
+    assert P.plan_head(n, d, v, mode="fused_loss", device="h100", memory_budget=2 * P.GiB,
+                       kernels=MEASURED).stage_rows is None  # the measured kernels could not stage

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ludic_fast.ops.plan import plan_head
+from ludic_fast.ops.plan import HeadPlan, plan_head
 from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform
 
 #: objective(lp, H or None, rows or None) -> scalar loss; `rows` selects the chunk (None: all tokens).
@@ -56,7 +56,7 @@ class FusedPlan:
     # coupled losses whose tokens couple only within groups (e.g. a preference pair): the sorted token offsets
     # where each group starts. When every group fits one row chunk, chunks keep groups whole: one pass (6NDV).
     groups: list[int] | None = None
-    # triton backend: token rows whose d(raw) is staged for one dW GEMM (None: one chunk; see _DwStage)
+    # triton backend: token rows whose d(raw) is staged for one dW GEMM (None: the plan's; see _DwStage)
     dw_stage_rows: int | None = None
     memory_budget: int | str | None = None  # bytes (None: the device default of `plan.plan_head`)
 
@@ -253,7 +253,8 @@ class FusedLossFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, plan: FusedPlan):  # type: ignore[override]
-        head = ChunkedHead(hidden, weight, bias, targets, plan.transform, _blocks(hidden, weight, plan), -100)
+        head_plan = _head_plan(hidden, weight, plan)
+        head = ChunkedHead(hidden, weight, bias, targets, plan.transform, head_plan.blocks, -100)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         acc = {"device": hidden.device, "dtype": head.acc}
         n, V = head.N, head.V
@@ -270,7 +271,7 @@ class FusedLossFunction(torch.autograd.Function):
             from ludic_fast.ops.triton_head import new_workspace
 
             ws_buf = new_workspace(max((c.stop - c.start for c in chunks), default=0), V, hidden.device)
-            stage_rows = plan.dw_stage_rows or head.n_chunk
+            stage_rows = plan.dw_stage_rows or head_plan.stage_rows or head.n_chunk
             lowp = {"device": hidden.device, "dtype": head.compute_dtype}
             dh = torch.empty(n, hidden.shape[1], **lowp) if need_h else None
             stage = _DwStage(chunks, stage_rows, head, need_w)
@@ -337,14 +338,14 @@ class FusedLossFunction(torch.autograd.Function):
         )
 
 
-def _blocks(hidden: Tensor, weight: Tensor, plan: FusedPlan) -> tuple[int, int]:
-    """(token rows, vocab columns) of one chunk from the cost model (`plan_head`)."""
+def _head_plan(hidden: Tensor, weight: Tensor, plan: FusedPlan) -> HeadPlan:
+    """The cost model's plan (`plan_head`): chunk rows, vocab columns, dW staging rows."""
     mode = "coupled" if plan.coupled and plan.groups is None else "fused_loss"
     return plan_head(
         hidden.shape[0], hidden.shape[1], weight.shape[0], dtype=torch.promote_types(hidden.dtype, weight.dtype),
         mode=mode, device=hidden.device, backend=plan.backend, memory_budget=plan.memory_budget,
         chunk_elements=plan.chunk_elements,
-    ).blocks
+    )
 
 
 def _group_chunks(starts: list[int] | None, n_chunk: int, n: int) -> list[slice] | None:

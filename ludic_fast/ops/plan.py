@@ -230,7 +230,9 @@ class HeadPlan:
     """The plan of one head call. `token_rows` x `vocab_cols`: one chunk of the forward (and of every pass of
     the fused-loss modes); `grad_rows` x `grad_cols`: one block of the generic backward. `predicted_s`: the
     model's time (a prediction), `terms`: its parts; `transient_bytes`: peak memory beyond inputs and outputs;
-    `fits`: within `memory_budget` (None: the CPU element rule)."""
+    `fits`: within `memory_budget` (None: the CPU element rule). `stage_rows` (fused-loss modes, triton
+    backend): token rows whose d(raw) is staged for one dW GEMM, a multiple of `token_rows` (None: no
+    staging, one dW GEMM per chunk)."""
 
     strategy: str
     token_rows: int
@@ -243,6 +245,7 @@ class HeadPlan:
     device: str
     memory_budget: int | None
     fits: bool = True
+    stage_rows: int | None = None
     terms: tuple[tuple[str, float], ...] = field(default=(), compare=False)
 
     @property
@@ -352,19 +355,23 @@ def _workspace_backward(c: _Cost, rows: int, cols: int) -> None:
     c.peak = max(c.peak, mem)
 
 
-def _fused_loss_chunks(c: _Cost, rows: int, coupled: bool) -> None:
+def _fused_loss_chunks(c: _Cost, rows: int, coupled: bool, stage: int | None) -> None:
+    """Token chunks of `rows` whole vocabulary rows; with `stage` > rows, the d(raw) of consecutive chunks is
+    staged (input dtype) in a [stage, V] buffer and each group of `stage` rows takes one dW GEMM."""
     s, k = c.s, c.s.k
     chunks = _cdiv(s.n, rows)
+    group = rows if stage is None else stage
     if coupled:
         _workspace_forward(c, rows)
     for count, r in _pieces(s.n, rows):
         c.gemm("gemm", r, s.v, s.d, count)
         c.gemm("gemm", r, s.d, s.v, count)
-        c.gemm("gemm", s.v, s.d, r, count)
+    for count, g in _pieces(s.n, group):
+        c.gemm("gemm", s.v, s.d, g, count)
     c.traffic("epilogue", k.loss_bytes * s.n * s.v)
-    mem = rows * s.v * k.ws_bytes
+    mem = rows * s.v * k.ws_bytes + (group * s.v * s.e if group > rows else 0)
     mem += 4 * s.n * s.d if _accumulator(c, "dh", 1, s.n * s.d, True) else 0
-    mem += 4 * s.v * s.d if _accumulator(c, "dW", chunks, s.v * s.d, True) else 0
+    mem += 4 * s.v * s.d if _accumulator(c, "dW", _cdiv(s.n, group), s.v * s.d, True) else 0
     c.launches(k.launches_loss_chunk * chunks)
     c.peak = max(c.peak, mem)
 
@@ -411,7 +418,8 @@ def _torch_blocks(c: _Cost, rows: int, cols: int, logit_passes: int, backward: b
         c.peak += 4 * (s.n + s.v) * s.d
 
 
-def _price(s: _Shape, mode: str, strategy: str, rows: int, cols: int, grows: int, gcols: int) -> _Cost:
+def _price(s: _Shape, mode: str, strategy: str, rows: int, cols: int, grows: int, gcols: int,
+           stage: int | None = None) -> _Cost:
     """The cost of one candidate plan."""
     c = _Cost(s)
     fused_modes = mode in ("fused_loss", "coupled")
@@ -425,7 +433,7 @@ def _price(s: _Shape, mode: str, strategy: str, rows: int, cols: int, grows: int
         passes = {"forward": 1, "generic": 2, "coupled": 2}.get(mode, 1 if cols == s.v else 2)
         _torch_blocks(c, rows, cols, passes, mode != "forward")
     elif fused_modes:
-        _fused_loss_chunks(c, rows, mode == "coupled")
+        _fused_loss_chunks(c, rows, mode == "coupled", stage)
     else:
         _workspace_forward(c, rows)
         if mode == "generic":
@@ -473,8 +481,21 @@ def _row_options(n: int, limit: int, align: int) -> list[int]:
     return sorted(out, reverse=True)
 
 
+def _stage_rows(n: int, d: int, v: int, rows: int, e: int, budget: int, k: KernelCosts) -> int:
+    """The largest dW staging group (a multiple of `rows`, balanced) that fits the budget beside a workspace
+    of `rows` rows: all n rows (no fp32 dW) if possible, else groups sharing an fp32 dW."""
+    spare = budget - rows * v * k.ws_bytes
+    if n * v * e <= spare:
+        return n
+    most = (spare - 4 * v * d) // (v * e) // rows * rows
+    if most <= rows:
+        return rows
+    return min(n, _cdiv(_cdiv(n, _cdiv(n, most)), rows) * rows)
+
+
 def _candidates(s: _Shape, mode: str, strategy: str, budget: int | None, chunk_elements: int | None):
-    """(rows, cols, grad_rows, grad_cols) candidates of one strategy (not all of them fit the budget)."""
+    """(rows, cols, grad_rows, grad_cols[, dW staging rows]) candidates of one strategy (not all of them fit
+    the budget)."""
     n, d, v, k, align = s.n, s.d, s.v, s.k, s.dev.align
     fused_modes = mode in ("fused_loss", "coupled")
     if strategy == "fused" and (mode == "forward" or k.fused_bwd_atomics):
@@ -495,6 +516,9 @@ def _candidates(s: _Shape, mode: str, strategy: str, budget: int | None, chunk_e
             fixed = 4 * v * d
         rows_opts = _row_options(n, int((budget - fixed) // (v * k.ws_bytes)), align)
         out = [(r, v, r, v) for r in rows_opts]
+        if k.lean_accumulators and strategy == "workspace":  # rows of a workspace beside a dW staging buffer
+            stage_opts = _row_options(n, int(budget // (v * k.ws_bytes)), align)
+            out += [(r, v, r, v, g) for r in stage_opts if (g := _stage_rows(n, d, v, r, s.e, budget, k)) > r]
         if not out:  # not even `align` whole rows: vocabulary slices (the torch chunk code), or the least memory
             rows, cols = _elements_rule(n, v, max(1, int((budget - fixed) // k.torch_chunk_bytes)), align)
             out = [(rows, cols, rows, cols), (min(n, align), v, min(n, align), v)]
@@ -572,15 +596,15 @@ def _plan(n, d, v, dtype, mode, model, budget, chunk_elements, allowed, kernels)
     s = _Shape(n, d, v, torch.empty((), dtype=dtype).element_size(), dtype, model, kernels)
     best = None
     for strategy in allowed:
-        for rows, cols, grows, gcols in _candidates(s, mode, strategy, budget, chunk_elements):
-            c = _price(s, mode, strategy, rows, cols, grows, gcols)
+        for rows, cols, grows, gcols, *stage in _candidates(s, mode, strategy, budget, chunk_elements):
+            c = _price(s, mode, strategy, rows, cols, grows, gcols, *stage)
             fits = budget is None or c.peak <= budget
             key = (not fits, c.total() if fits else c.peak)
             if best is None or key < best[0]:
-                best = (key, strategy, rows, cols, grows, gcols, c, fits)
-    _, strategy, rows, cols, grows, gcols, c, fits = best
+                best = (key, strategy, rows, cols, grows, gcols, stage[0] if stage else None, c, fits)
+    _, strategy, rows, cols, grows, gcols, stage, c, fits = best
     return HeadPlan(strategy, rows, cols, grows, gcols, c.total(), int(math.ceil(c.peak)), mode, model.name,
-                    budget, fits, tuple(sorted(c.terms.items())))
+                    budget, fits, stage, tuple(sorted(c.terms.items())))
 
 
 __all__ = [

@@ -86,3 +86,38 @@ def test_fused_loss_triton_matches_reference(dtype, chunk_elements, stage_rows, 
         assert got.dtype == dtype and got.shape == want.shape
         err = ((got.float().cpu() - want).abs().max() / want.abs().max()).item()
         assert err <= tol, err
+
+
+def test_memory_budget_plans_dw_staging(monkeypatch):
+    """150000 bytes (bf16, N=40, V=1021, D=40): one 40-row chunk needs 163360 bytes of fp32 workspace and
+    several chunks an fp32 dW of 163360 more, so the plan takes 14-row chunks (57176 bytes) staging all 40
+    rows' d(raw) in bf16 (81680 bytes) for a single dW GEMM; the triton path follows it."""
+    from ludic_fast.ops import fused_loss
+    from ludic_fast.ops.plan import plan_head
+
+    budget = 150_000
+    plan_ = plan_head(N, D, V, dtype=torch.bfloat16, mode="fused_loss", device=DEVICE, memory_budget=budget)
+    assert (plan_.token_rows, plan_.stage_rows, plan_.fits) == (14, 40, True)
+    calls = []
+    backward = fused_loss._TritonRows.backward_
+
+    def spy(self, *args):
+        calls.append((self.stage.out(self.rows) is not None, len(self.stage.groups)))
+        return backward(self, *args)
+
+    monkeypatch.setattr(fused_loss._TritonRows, "backward_", spy)
+    h, w, targets, inv_t, coef = _inputs(torch.bfloat16)
+    transform = HeadTransform(1.0, None, inv_t.to(DEVICE))
+    plan = FusedPlan(transform, _objective(coef.to(DEVICE), False), coupled=False, with_entropy=True,
+                     backend="triton", memory_budget=budget)
+    hd, wd = (x.to(DEVICE).requires_grad_() for x in (h, w))
+    loss, lp, H = fused_head_loss(hd, wd, None, targets.to(DEVICE), plan)
+    dh, dw = torch.autograd.grad(loss, (hd, wd))
+    assert calls == [(True, 1)] * 3
+    hr, wr = (x.float().requires_grad_() for x in (h, w))
+    ref = reference.linear_logprobs(hr, wr, targets, temperature=inv_t.reciprocal().float())
+    ref_loss = _objective(coef, False)(ref.logprobs, ref.entropy, None)
+    ref_dh, ref_dw = torch.autograd.grad(ref_loss, (hr, wr))
+    torch.testing.assert_close(loss.cpu(), ref_loss.detach(), atol=1e-4, rtol=1e-5)
+    for got, want in ((dh, ref_dh), (dw, ref_dw)):
+        assert ((got.float().cpu() - want).abs().max() / want.abs().max()).item() <= 1.5e-2
