@@ -12,8 +12,9 @@
   norms ≈ 2h more — the accounting of Korthikanti et al., "Reducing Activation Recomputation in Large
   Transformer Models" (arXiv 2205.05198), with a memory-efficient attention (no [T, T] scores kept). Under
   gradient checkpointing each layer keeps only its input h, plus one layer's full set during its recompute;
-- head transient: the fused head's chunk buffers (fp32 logits and d(raw): 8 bytes per chunk element), the
-  fp32 dW accumulator [V, D] when the head weight trains, and the fp32 d(hidden) [tokens, D].
+- head transient: the head plan's (`ludic_fast.ops.plan.plan_head`, fused-loss mode, the trainer's backend,
+  `memory_budget` / `chunk_elements`) `transient_bytes`: workspace chunks plus the fp32 accumulators (dW [V, D],
+  dh [tokens, D]).
 
 It is an estimate: allocator fragmentation, the CUDA context (~0.5 GiB) and framework workspaces are not in it.
 """
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from ludic_fast.integrations.transformers import unwrap_model
-from ludic_fast.ops.plan import DEFAULT_CHUNK_ELEMENTS
+from ludic_fast.ops.plan import plan_head
 
 GiB = 2**30
 
@@ -69,10 +70,14 @@ def estimate_peak_memory(
     compute_dtype: torch.dtype | None = None,
     gradient_checkpointing: bool = False,
     chunk_elements: int | None = None,
+    memory_budget: int | str | None = None,
+    backend: str = "auto",
+    device: torch.device | str | None = None,
 ) -> MemoryEstimate:
     """The estimate for `model` at `micro_tokens` tokens per micro-batch (module docstring). compute_dtype: the
-    activations' dtype (default: the parameters'). Activations are 0 for a model without a transformers config
-    giving hidden_size and num_hidden_layers."""
+    activations' and the head's dtype (default: the parameters'). device: where it trains (default: the
+    parameters'), for the head plan with `backend`, `memory_budget`, `chunk_elements`. Activations are 0 for a
+    model without a transformers config giving hidden_size and num_hidden_layers."""
     if micro_tokens < 1:
         raise ValueError(f"micro_tokens must be >= 1, got {micro_tokens}")
     params = _unique_params(model)
@@ -82,7 +87,8 @@ def estimate_peak_memory(
     lm = unwrap_model(model)
     config = getattr(lm, "config", None)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    act_size = torch.empty((), dtype=compute_dtype or (params[0].dtype if params else torch.float32)).element_size()
+    dtype = compute_dtype or (params[0].dtype if params else torch.float32)
+    act_size = torch.empty((), dtype=dtype).element_size()
     h = getattr(config, "hidden_size", None)
     layers = getattr(config, "num_hidden_layers", None)
     activations = 0
@@ -96,10 +102,11 @@ def estimate_peak_memory(
     weight = getattr(out, "weight", None)
     if isinstance(weight, torch.Tensor) and weight.ndim == 2:
         vocab, dim = weight.shape
-        chunk = chunk_elements or DEFAULT_CHUNK_ELEMENTS
-        head_bytes = 8 * min(chunk, micro_tokens * vocab) + 4 * micro_tokens * dim
-        if weight.requires_grad:
-            head_bytes += 4 * vocab * dim
+        where = torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))
+        kind = "triton" if where.type == "cuda" and backend in ("auto", "triton") else "torch"
+        plan = plan_head(micro_tokens, dim, vocab, dtype=dtype, mode="fused_loss", device=where, backend=kind,
+                         memory_budget=memory_budget, chunk_elements=chunk_elements)
+        head_bytes = plan.transient_bytes
     return MemoryEstimate(parameters=param_bytes, gradients=grad_bytes, optimizer=2 * grad_bytes,
                           activations=activations, head=head_bytes)
 

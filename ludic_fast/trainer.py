@@ -302,6 +302,7 @@ class Trainer:
         self.memory_estimate = estimate_peak_memory(
             self.model, micro_tokens=cfg.micro_token_budget, compute_dtype=self.amp_dtype,
             gradient_checkpointing=cfg.gradient_checkpointing, chunk_elements=cfg.chunk_elements,
+            memory_budget=cfg.memory_budget, backend=cfg.backend, device=self.device,
         )
         self.optimizer.zero_grad(set_to_none=True)
         self.step_idx = 0
