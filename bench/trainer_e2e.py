@@ -43,7 +43,9 @@ SHAPES = {
     "qwen0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
                  "num_key_value_heads": 2, "tie_word_embeddings": True},
 }
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+#: --dtype: the weights' dtype; "mixed-bf16" keeps fp32 weights and autocasts the forward to bf16 (ours:
+#: TrainerConfig.mixed_precision_dtype, TRL: GRPOConfig(bf16=True)), as `ludic-fast train --dtype bf16` trains
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "mixed-bf16": torch.float32}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--hidden", type=int, help="override the shape's hidden size (intermediate = 2 x hidden)")
     p.add_argument("--layers", type=int, help="override the shape's layer count")
-    p.add_argument("--dtype", choices=sorted(DTYPES), help="model weights' dtype (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--dtype", choices=sorted(DTYPES),
+                   help="weights' dtype, or mixed-bf16: fp32 weights + bf16 autocast "
+                        "(default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--attn", help="attention implementation (default: flash_attention_2 on CUDA with flash-attn, "
                                   "else sdpa)")
     p.add_argument("--seqs", type=int, help="sequences per step, one micro-batch (default: 8 CPU, 16 CUDA)")
@@ -143,13 +147,15 @@ def _ours_step(args: argparse.Namespace, path: str):
         """The micro-batch loss through the model's logits and the reference (Ludic master's) CISPOLoss."""
 
         def micro_loss(self, batch):
-            logits = self.model(**self._model_inputs(batch)).logits
+            with self._autocast():
+                logits = self.model(**self._model_inputs(batch)).logits
             return reference.CISPOLoss()(batch, logits=logits)
 
     tokens = args.seqs * args.seq_len
     cfg = TrainerConfig(model_device=args.device, pad_token_id=0, sync_every_steps=0, max_seq_len=args.seq_len,
                         micro_token_budget=tokens, layout="packed" if "packed" in path else "padded",
-                        body_kernels=path.endswith("+kernels"))
+                        body_kernels=path.endswith("+kernels"),
+                        mixed_precision_dtype="bf16" if args.dtype == "mixed-bf16" else None)
     cls = ReferencePathTrainer if path == "reference" else Trainer
     trainer = cls(model=_build_model(args), algo=make_cispo(group_size=2), batch_source=_FixedSource(_items(args)),
                   cfg=cfg)
@@ -172,7 +178,8 @@ def _trl_step(args: argparse.Namespace):
             reward_funcs=lambda completions, **kw: [0.0] * len(completions),
             args=GRPOConfig(
                 output_dir=out, per_device_train_batch_size=len(items), num_generations=len(items),
-                max_completion_length=args.seq_len, report_to=[], use_cpu=args.device == "cpu", bf16=False,
+                max_completion_length=args.seq_len, report_to=[], use_cpu=args.device == "cpu",
+                bf16=args.dtype == "mixed-bf16",
                 save_strategy="no", loss_type="cispo", beta=0.0,
             ),
             train_dataset=Dataset.from_list([{"prompt": "1+1="}] * len(items)),
