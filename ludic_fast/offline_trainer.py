@@ -47,6 +47,7 @@ class OfflineConfig:
     seed: int = 0
     device: str = "cpu"
     chunk_elements: int | None = None
+    memory_budget: int | None = None  # bytes of the head's transient chunks (None: the default plan)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "micro_batch_size"):
@@ -108,7 +109,7 @@ class PreferenceObjective(_Base):
         if self.ref_model is not None:
             batch["ref_logps"] = reference_logps(self.ref_model, batch)
         return self.loss_fn(batch, hidden=_hidden(model, batch), **lm_head(model).kwargs(),
-                            chunk_elements=cfg.chunk_elements)
+                            chunk_elements=cfg.chunk_elements, memory_budget=cfg.memory_budget)
 
 
 @dataclass
@@ -177,7 +178,7 @@ class DistillObjective(_Base):
         s_head, t_head = lm_head(model), lm_head(self.teacher)
         loss = linear_divergence(hs, s_head.weight, ht, t_head.weight, targets, kind=self.kind, beta=self.beta,
                                  temperature=self.temperature, hard_weight=self.hard_weight,
-                                 b_student=s_head.bias, b_teacher=t_head.bias)
+                                 b_student=s_head.bias, b_teacher=t_head.bias, memory_budget=cfg.memory_budget)
         return loss, {"loss": loss.detach(), "tokens": float(sel.sum())}
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ludic_fast.ops.plan import default_chunk_elements
+from ludic_fast.ops.plan import default_chunk_elements, parse_memory_budget
 from ludic_fast.ops.torch_head import addmm_acc_, gemm_f32
 
 KINDS = ("forward_kl", "reverse_kl", "jsd")
@@ -247,17 +247,18 @@ def linear_divergence(
     reduction: str = "mean",
     b_student: Tensor | None = None,
     b_teacher: Tensor | None = None,
-    memory_budget: int | None = None,
+    memory_budget: int | str | None = None,
     backend: str = "auto",
 ) -> Tensor:
     """Divergence between student and teacher next-token distributions (module docstring), fused with both
     LM heads: `h_student [..., D_s]`, `W_student [V, D_s]`, `h_teacher [..., D_t]`, `W_teacher [V, D_t]`
     (same leading shape, same V), optional `targets [...]` (ignore_index marks tokens that count for
     nothing; with `hard_weight` α the loss is (1 - α) D + α CE). `kind` forward_kl | reverse_kl | jsd
-    (β = `beta` in (0, 1)). `memory_budget`: bytes of transient chunk buffers (default 4 x 64 Mi fp32
-    elements). Returns a 0-d tensor ('mean', 'sum') or per-token losses of the leading shape ('none');
-    differentiable w.r.t. the student's hidden, weight and bias. `backend` 'auto' (triton on CUDA, else
-    torch), 'torch' or 'triton' (CUDA, or CPU under TRITON_INTERPRET=1; float64 inputs run the torch path)."""
+    (β = `beta` in (0, 1)). `memory_budget`: bytes (int, or a string like '2GiB') of transient chunk buffers
+    (default 4 x 64 Mi fp32 elements). Returns a 0-d tensor ('mean', 'sum') or per-token losses of the
+    leading shape ('none'); differentiable w.r.t. the student's hidden, weight and bias. `backend` 'auto'
+    (triton on CUDA, else torch), 'torch' or 'triton' (CUDA, or CPU under TRITON_INTERPRET=1; float64 inputs
+    run the torch path)."""
     from ludic_fast.ops import resolve_backend
 
     if kind not in KINDS:
@@ -294,9 +295,7 @@ def linear_divergence(
         valid = valid.to(acc)
     else:
         tgt, valid = None, torch.ones(hs.shape[0], dtype=acc, device=hs.device)
-    if memory_budget is not None and memory_budget <= 0:
-        raise ValueError(f"memory_budget must be > 0 bytes, got {memory_budget}")
-    budget = 16 * default_chunk_elements() if memory_budget is None else int(memory_budget)
+    budget = parse_memory_budget(memory_budget) or 16 * default_chunk_elements()
     spec = _Spec(kind, float(beta), 1.0 / float(temperature), float(hard_weight), max(1, budget // (16 * V)),
                  resolve_backend(backend, h_student.device))
     bt = None if b_teacher is None else b_teacher.detach()
