@@ -98,7 +98,9 @@ def operand_view(ws: Tensor, dtype: torch.dtype) -> Tensor:
 
 def gemm_into(out: Tensor, a: Tensor, b: Tensor, *, accumulate: bool) -> None:
     """out (+)= a @ b. Without `accumulate` the GEMM overwrites `out` (beta = 0: no zero-fill needed) and,
-    when out has the operands' dtype, writes it directly (fp32 accumulation inside the GEMM, one rounding)."""
+    when out has the operands' dtype, writes it directly (fp32 accumulation inside the GEMM; a split-K GEMM may
+    add its partial sums in the output dtype, as every bf16/fp16 `torch.mm` does unless
+    `torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction` / `..._fp16_...` is off)."""
     if accumulate:
         addmm_acc_(out, a, b)
     elif out.dtype == a.dtype:
