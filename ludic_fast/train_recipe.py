@@ -35,7 +35,7 @@ ATTENTION = ("auto", "eager", "sdpa", "flex_attention", "flash_attention_2", "fl
 
 
 def profile_default_help(flag: str) -> str:
-    """'default: <tiny> (tiny) / <real> (real)' for a profile-dependent flag (its dest name)."""
+    """'default: <tiny> (tiny profile) / <real> (real profile)' for a profile-dependent flag (its dest name)."""
     return f"default: {PROFILES['tiny'][flag]:g} (tiny profile) / {PROFILES['real'][flag]:g} (real profile)"
 
 

@@ -166,6 +166,8 @@ def test_forced_path_that_does_not_fit_is_refused():
         _trainer(_model("llama", "sdpa"), "packed", packed_attention="varlen")
     with pytest.raises(ValueError, match="packed_attention"):
         TrainerConfig(model_device="cpu", pad_token_id=0, packed_attention="cu_seqlens")
+    with pytest.raises(ValueError, match="path must be one of"):
+        PackedAttention(path="auto")
 
 
 class _OldInputs(PackedAttention):

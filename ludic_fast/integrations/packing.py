@@ -93,6 +93,10 @@ class PackedAttention:
     attn_implementation: str | None = None
     mask_dtype: torch.dtype | None = None
 
+    def __post_init__(self) -> None:
+        if self.path not in PACKED_ATTENTION_PATHS[1:]:
+            raise ValueError(f"path must be one of {PACKED_ATTENTION_PATHS[1:]}, got {self.path!r}")
+
     def model_inputs(self, batch: Mapping[str, Tensor]) -> dict[str, Any]:
         """Keyword arguments of the base model's forward for a packed batch (`input_ids [1, total]`,
         `position_ids [1, total]`, `cu_seqlens [S+1]`): input_ids, position_ids and the path's attention
