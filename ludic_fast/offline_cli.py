@@ -9,7 +9,8 @@ the two heads differ in hidden size) with `linear_divergence`, off-policy on the
 on-policy with `--on-policy-fraction`.
 
 Outputs under --output-dir: metrics.jsonl (phase = the preset), curves.png (the preset's metric and the
-loss), summary.json (the metric's first/last-10 means). The metric: rewards_accuracy for the pair presets
+loss), summary.json (the metric's first/last-10 means), model/ (the trained model and tokenizer,
+save_pretrained; reward adds model/value_head.safetensors). The metric: rewards_accuracy for the pair presets
 and reward, the rewards margin (chosen - rejected) for kto, the loss for distill.
 """
 
@@ -172,6 +173,7 @@ def main(args: argparse.Namespace, command: str) -> int:
     finally:
         if console is not None and hasattr(console, "close"):
             console.close()
+    save_trained(out / "model", model, tok, objective)
     summary = summarize(records, METRIC[args.preset])
     summary["wall_time_s"] = time.perf_counter() - t0
     if not args.no_plot and importlib.util.find_spec("matplotlib") is not None:
@@ -182,6 +184,19 @@ def main(args: argparse.Namespace, command: str) -> int:
     print(f"\n{args.preset}: {summary['metric']} first-{summary['n']} mean {summary['first']:.4f}, last-"
           f"{summary['n']} mean {summary['last']:.4f}; {summary['wall_time_s']:.0f} s")
     return 0
+
+
+def save_trained(path: Path, model: torch.nn.Module, tok: Any, objective: Any) -> None:
+    """The trained model and tokenizer (`save_pretrained`, safetensors); for reward also the value head
+    (`value_head.safetensors`: weight [1, D], bias [1])."""
+    from safetensors.torch import save_file
+
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    if isinstance(objective, RewardObjective):
+        head = objective.value_head
+        save_file({"weight": head.weight.detach().contiguous(), "bias": head.bias.detach().contiguous()},
+                  str(path / "value_head.safetensors"))
 
 
 def summarize(records: list[dict[str, float]], key: str) -> dict[str, Any]:

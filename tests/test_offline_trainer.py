@@ -30,6 +30,9 @@ def _run(tmp_path, preset, *extra):
 @pytest.mark.parametrize("preset", ["dpo", "ipo", "simpo", "orpo", "kto", "reward", "distill"])
 def test_every_offline_preset_runs(tmp_path, preset):
     _run(tmp_path, preset)
+    saved = tmp_path / preset / "model"
+    assert (saved / "model.safetensors").is_file() and (saved / "tokenizer_config.json").is_file()
+    assert (saved / "value_head.safetensors").is_file() == (preset == "reward")
 
 
 def test_on_policy_distillation_runs(tmp_path):

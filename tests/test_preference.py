@@ -234,3 +234,14 @@ def test_bf16_inputs_loose(case):
     assert rel_err(loss, ref_loss) <= 3e-2
     g, rg = torch.autograd.grad(loss, (hb,))[0], torch.autograd.grad(ref_loss, (hb,))[0]
     assert g.dtype == torch.bfloat16 and rel_err(g.float(), rg.float()) <= 3e-2
+
+
+def test_kto_passes():
+    # KL samples in the batch couple it (two passes, 8NDV); a precomputed kto_kl leaves sequences independent
+    batch, h, W, b = make_pairs(kto=True)
+    n = int(batch["action_mask"][:, 1:].sum())
+    for extra, factor in (({}, 8), ({"kto_kl": torch.tensor(0.3)}, 6)):
+        with FlopCounterMode(display=False) as fc:
+            loss, _ = P.KTOLoss()({**batch, **extra}, hidden=h, weight=W, bias=b, chunk_elements=CHUNKS["one_pass"])
+            loss.backward()
+        assert fc.get_total_flops() == factor * n * D * V
