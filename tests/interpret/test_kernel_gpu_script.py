@@ -1,0 +1,24 @@
+"""bench/kernel_gpu.py (kernel timings on a GPU) runs end to end: on the GPU when there is one, else on the CPU
+under the interpreter at a tiny shape (a smoke test; its timings are not checked)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from _interp import DEVICE, MARKS
+
+pytestmark = MARKS
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "kernel_gpu.py"
+
+
+def test_kernel_gpu_script_runs(capsys):
+    spec = importlib.util.spec_from_file_location("kernel_gpu", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--device", DEVICE, "--shape", "3", "40", "1021", "--rows", "4", "--reps", "1"])
+    out = capsys.readouterr().out
+    for line in ("cuBLAS logits GEMM", "fused forward default", "fused forward 128x256x64", "device copy",
+                 "row kernel statistics", "row kernel gradient"):
+        assert line in out, out
