@@ -170,7 +170,8 @@ class DistillObjective(_Base):
 
     def loss(self, model, batch, cfg):
         sel = (batch["action_mask"][:, 1:] > 0).reshape(-1)
-        hs = _hidden(model, batch)[:, :-1].reshape(-1, model.config.hidden_size)[sel]
+        hs = _hidden(model, batch)[:, :-1]
+        hs = hs.reshape(-1, hs.shape[-1])[sel]
         with torch.no_grad():
             ht = _hidden(self.teacher, batch)[:, :-1]
             ht = ht.reshape(-1, ht.shape[-1])[sel]
