@@ -58,6 +58,7 @@ from ludic_fast.integrations.body_kernels import apply_body_kernels, check_body_
 from ludic_fast.integrations.packing import (
     PACKED_ATTENTION_PATHS,
     PackedAttention,
+    auto_attention,
     check_packed_attention,
     resolve_packed_attention,
 )
@@ -343,7 +344,14 @@ class Trainer:
             self.model.enable_input_require_grads()
 
     def _packed_attention(self, model: nn.Module, *, training: bool) -> PackedAttention:
-        """The packed-attention path of `model` (`integrations.packing`), probed when `check_packing`."""
+        """The packed-attention path of `model` (`integrations.packing`), probed when `check_packing`. Under
+        `packed_attention="auto"` an eager / sdpa model on CUDA is first moved to flash-attention-2 or flex
+        attention (`auto_attention`)."""
+        if self.cfg.packed_attention == "auto":
+            param = next(model.parameters(), None)
+            dtypes = (torch.float16, torch.bfloat16)
+            half = self.amp_dtype in dtypes or (param is not None and param.dtype in dtypes)
+            auto_attention(model, self.device, half=half, max_seq_len=self.cfg.max_seq_len)
         packing = resolve_packed_attention(
             model, path=self.cfg.packed_attention, device=self.device, max_seq_len=self.cfg.max_seq_len,
             training=training,

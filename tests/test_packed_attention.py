@@ -7,6 +7,7 @@ fit, and the probe's refusal of inputs that mix sequences (the old position_ids 
 from __future__ import annotations
 
 import copy
+import importlib.util
 
 import pytest
 import torch
@@ -20,6 +21,8 @@ from ludic_fast.embedded import build_tiny_model
 from ludic_fast.integrations.packing import (
     PackedAttention,
     PackedAttentionError,
+    attention_implementation,
+    auto_attention,
     check_packed_attention,
     document_ids,
     resolve_packed_attention,
@@ -207,3 +210,20 @@ def test_packed_equals_padded_through_a_peft_lora_wrapper():
     assert len(out["padded"][1]) > 0
     for name, g in out["padded"][1].items():
         torch.testing.assert_close(out["packed"][1][name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_auto_attention_moves_eager_and_sdpa_to_flex_or_flash_on_cuda_only():
+    """The choice only (the model stays on the CPU here): on CPU nothing changes; for CUDA an sdpa model goes to
+    flex attention (flash-attention-2 first when flash-attn is installed and the compute is half precision),
+    not when a sliding window shorter than max_seq_len would bind, and a user's other choice is kept."""
+    flash = importlib.util.find_spec("flash_attn") is not None
+    model = _model("llama", "sdpa")
+    assert auto_attention(model, "cpu", half=True) is None and attention_implementation(model) == "sdpa"
+    assert auto_attention(model, "cuda", half=False) == "flex_attention"
+    assert attention_implementation(model) == "flex_attention"
+    assert auto_attention(model, "cuda", half=False) is None  # not eager/sdpa any more: kept
+    half = _model("qwen2", "eager")
+    assert auto_attention(half, "cuda", half=True) == ("flash_attention_2" if flash else "flex_attention")
+    windowed = _model("qwen2", "sdpa", use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    assert auto_attention(windowed, "cuda", half=False, max_seq_len=16) is None
+    assert auto_attention(windowed, "cuda", half=False, max_seq_len=8) == "flex_attention"

@@ -19,11 +19,14 @@ which this module provides per attention implementation (`config._attn_implement
 - `position_ids`  restarting positions only: for models whose own attention separates sequences by them.
 
 `resolve_packed_attention` picks the path (or refuses with `PackedAttentionError`, a ValueError) and
-`check_packed_attention` proves it on the model with a two-sequence probe.
+`check_packed_attention` proves it on the model with a two-sequence probe. On CUDA the dense mask costs
+O(total²) attention work, more than the padded batch it replaces; `auto_attention` therefore first moves an
+eager / sdpa model to flash-attention-2 (flash-attn installed, half-precision compute) or else to flex attention.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,6 +146,32 @@ def _block_mask(doc: Tensor) -> Any:
     return create_block_mask(document_causal, None, None, n, n, device=doc.device)
 
 
+def auto_attention(model: nn.Module, device: torch.device | str, *, half: bool, max_seq_len: int | None = None
+                   ) -> str | None:
+    """Switch an eager / sdpa model that will train on CUDA to the packed implementation that skips masked work:
+    `flash_attention_2` when flash-attn is installed and the compute dtype is half (`half`), else
+    `flex_attention` (not for a sliding window shorter than `max_seq_len`: its BlockMask here is full causal).
+    Returns the implementation set (via transformers' `set_attn_implementation`), or None: not CUDA, another
+    implementation already chosen by the user, or none available."""
+    impl = attention_implementation(model)
+    lm = unwrap_model(model)
+    if torch.device(device).type != "cuda" or impl not in ("eager", "sdpa"):
+        return None
+    if not hasattr(lm, "set_attn_implementation"):
+        return None
+    candidates = ["flash_attention_2"] if half and importlib.util.find_spec("flash_attn") is not None else []
+    window = _limited_window(lm.config)
+    if window is None or (max_seq_len is not None and max_seq_len <= window):
+        candidates.append("flex_attention")
+    for name in candidates:
+        try:
+            lm.set_attn_implementation(name)
+        except (ImportError, ValueError):
+            continue
+        return name
+    return None
+
+
 def resolve_packed_attention(
     model: nn.Module, *, path: str = "auto", device: torch.device | str = "cpu", max_seq_len: int | None = None,
     training: bool = True,
@@ -259,6 +288,7 @@ __all__ = [
     "PackedAttentionError",
     "PackedAttention",
     "attention_implementation",
+    "auto_attention",
     "document_ids",
     "resolve_packed_attention",
     "check_packed_attention",

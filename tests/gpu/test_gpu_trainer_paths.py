@@ -1,5 +1,6 @@
 """The trainer's GPU paths on the test's device: packed == padded gradients on every attention implementation
-available there (sdpa / eager: block-diagonal mask; CUDA: flex attention, flash-attention-2 when installed),
+available there (sdpa / eager: block-diagonal mask, `packed_attention="mask"`; CUDA: flex attention,
+flash-attention-2 when installed, and the automatic move of an sdpa model to one of them),
 Liger's body kernels against the unfused body (CUDA), and bf16 mixed precision against fp32."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ ATTENTION = [
     on("cuda", "flex_attention", id="cuda-flex"),
     pytest.param("cuda", "flash_attention_2", id="cuda-flash2",
                  marks=(*CUDA_ONLY, pytest.mark.skipif(not FLASH, reason="needs flash-attn"))),
+    on("cuda", "auto", id="cuda-sdpa-auto"),
 ]
 
 
@@ -45,10 +47,11 @@ def _close(got: dict, want: dict, tol: float) -> None:
 def test_packed_equals_padded(device, attn):
     """Several micro-batches; bf16 weights on CUDA (flash-attention needs half precision), fp32 on the CPU."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = _model("qwen2", attn).to(device=device, dtype=dtype)
+    model = _model("qwen2", "sdpa" if attn == "auto" else attn).to(device=device, dtype=dtype)
     items = make_items(8, seed=7)
-    grads = {layout: _grads(copy.deepcopy(model), items, device, layout=layout, body_kernels=False)
-             for layout in ("padded", "packed")}
+    how = "auto" if attn in ("auto", "flex_attention", "flash_attention_2") else "mask"
+    grads = {layout: _grads(copy.deepcopy(model), items, device, layout=layout, body_kernels=False,
+                            packed_attention=how) for layout in ("padded", "packed")}
     _close(grads["packed"], grads["padded"], GRAD_TOL[dtype])
 
 
@@ -59,8 +62,9 @@ def test_packed_equals_padded_under_bf16_mixed_precision(device, attn):
     packed-attention probe runs under the same autocast, and packed gradients match padded ones."""
     model = _model("qwen2", attn).to(device)
     items = make_items(8, seed=10)
+    how = "auto" if attn == "flash_attention_2" else "mask"
     grads = {layout: _grads(copy.deepcopy(model), items, device, layout=layout, body_kernels=False,
-                            mixed_precision_dtype="bf16") for layout in ("padded", "packed")}
+                            mixed_precision_dtype="bf16", packed_attention=how) for layout in ("padded", "packed")}
     _close(grads["packed"], grads["padded"], GRAD_TOL[torch.bfloat16])
 
 
