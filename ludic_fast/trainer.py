@@ -283,18 +283,18 @@ class Trainer:
         self.body_kernels = self._apply_body_kernels()
         if cfg.gradient_checkpointing:
             self._enable_gradient_checkpointing()
+        self.amp_dtype = MIXED_PRECISION[cfg.mixed_precision_dtype]
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp_dtype is torch.float16 else None
+        self.packing = self.ref_packing = None
+        if cfg.layout == "packed":  # before compiling: it may switch the attention implementation, then probes
+            self.packing = self._packed_attention(self.model, training=True)
+            if self.ref_model is not None:
+                self.ref_packing = self._packed_attention(self.ref_model, training=False)
         if cfg.compile_body:
             backend = "inductor" if cfg.compile_body is True else cfg.compile_body
             for m in (self.model, self.ref_model):
                 if m is not None:
                     compile_body(m, backend=backend)
-        self.amp_dtype = MIXED_PRECISION[cfg.mixed_precision_dtype]
-        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp_dtype is torch.float16 else None
-        self.packing = self.ref_packing = None
-        if cfg.layout == "packed":
-            self.packing = self._packed_attention(self.model, training=True)
-            if self.ref_model is not None:
-                self.ref_packing = self._packed_attention(self.ref_model, training=False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas), eps=cfg.eps

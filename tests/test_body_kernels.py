@@ -116,15 +116,17 @@ def test_liger_patches_a_llama_instance_body_and_leaves_its_head():
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
-def test_compile_body_keeps_gradients():
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_compile_body_keeps_gradients(layout):
     """torch.compile of each decoder layer (aot_eager backend: dynamo + AOT autograd, no C++ build) gives the
-    eager gradients; parameter names are unchanged."""
+    eager padded gradients, packed rows too (the packed path is resolved and probed before compiling);
+    parameter names are unchanged."""
     items = make_items(4, seed=2)
     grads = []
-    for compiled in (False, "aot_eager"):
+    for compiled, lay in ((False, "padded"), ("aot_eager", layout)):
         model = tiny_model()
         cfg = TrainerConfig(model_device="cpu", pad_token_id=0, sync_every_steps=0, max_seq_len=16,
-                            micro_token_budget=64, compile_body=compiled)
+                            micro_token_budget=64, compile_body=compiled, layout=lay)
         trainer = Trainer(model=model, algo=make_cispo(group_size=1), batch_source=ListSource([items]), cfg=cfg)
         trainer.accumulate_gradients(SAWBatch(items=list(items)))
         grads.append({n: p.grad for n, p in model.named_parameters()})
