@@ -7,7 +7,8 @@ n_k-weighted mean of each micro-batch stat), `train/grad_norm` and `train/lr`.
 
 Objectives (`Objective`): how examples are collated and how a micro-batch's loss is computed.
 - `PreferenceObjective(loss_fn, ref_model)`: DPO / IPO / SimPO / ORPO on pairs, KTO on KTO examples; the
-  reference model's log-probs go to `batch['ref_logps']` through the fused head, without gradients.
+  reference model's log-probs come from the fused head without gradients, once per pair (cached sums in
+  `batch['ref_seq_logps']`; KTO: per batch, in `batch['ref_logps']`).
 - `RewardObjective(value_head)`: Bradley-Terry on the last-token value head over the backbone's hidden states.
 - `DistillObjective(teacher, ...)`: `linear_divergence` on the completion tokens, teacher hidden states
   under no_grad; `on_policy_fraction` λ replaces each example's completion by a sample of the student with
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -92,10 +93,15 @@ class _Base:
 
 @dataclass
 class PreferenceObjective(_Base):
-    """A `ludic_fast.preference` loss on pairs (KTOLoss: on KTO examples with in-batch KL samples)."""
+    """A `ludic_fast.preference` loss on pairs (KTOLoss: on KTO examples with in-batch KL samples).
+
+    The reference model scores each pair once: its sequence sums are cached by example and reach the loss as
+    `batch['ref_seq_logps']`. KTO's KL samples depend on the batch's pairing, so KTO reads per-token
+    `batch['ref_logps']` computed for each batch."""
 
     loss_fn: Any
     ref_model: nn.Module | None = None
+    _ref_cache: dict[int, Tensor] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.loss_fn, (DPOLoss, IPOLoss, KTOLoss)) and self.ref_model is None:
@@ -103,10 +109,20 @@ class PreferenceObjective(_Base):
 
     def collate(self, examples, cfg):
         kw = dict(pad_token_id=cfg.pad_token_id, max_length=cfg.max_length, device=cfg.device)
-        return collate_kto(examples, **kw) if isinstance(self.loss_fn, KTOLoss) else collate_pairs(examples, **kw)
+        if isinstance(self.loss_fn, KTOLoss):
+            return collate_kto(examples, **kw)
+        batch = collate_pairs(examples, **kw)
+        if self.ref_model is not None:
+            missing = [e for e in examples if id(e) not in self._ref_cache]
+            if missing:
+                fresh = collate_pairs(missing, **kw)
+                sums = (reference_logps(self.ref_model, fresh) * fresh["action_mask"]).sum(1)
+                self._ref_cache.update({id(e): sums[2 * i:2 * i + 2] for i, e in enumerate(missing)})
+            batch["ref_seq_logps"] = torch.cat([self._ref_cache[id(e)] for e in examples])
+        return batch
 
     def loss(self, model, batch, cfg):
-        if self.ref_model is not None:
+        if self.ref_model is not None and isinstance(self.loss_fn, KTOLoss):
             batch["ref_logps"] = reference_logps(self.ref_model, batch)
         return self.loss_fn(batch, hidden=_hidden(model, batch), **lm_head(model).kwargs(),
                             chunk_elements=cfg.chunk_elements, memory_budget=cfg.memory_budget)

@@ -62,6 +62,25 @@ def test_reference_logps_match_the_head():
     assert torch.allclose(ref[:, 1:], lp * mask, atol=1e-5)
 
 
+def test_reference_sums_are_computed_once_per_pair():
+    tok = build_char_tokenizer()
+    model = build_tiny_model(len(tok), seed=0)
+    ref = build_tiny_model(len(tok), seed=1).requires_grad_(False)
+    examples = encode_rows(embedded_rows("pairs", 4), "pairs", tok, chat_template=False)
+    objective, cfg = PreferenceObjective(DPOLoss(), ref), OfflineConfig()
+    calls = []
+    ref.model.register_forward_hook(lambda *_: calls.append(1))
+    first = objective.collate(examples[:3], cfg)
+    again = objective.collate(examples[1:], cfg)  # examples 1, 2 cached: only example 3 is scored
+    assert len(calls) == 2
+    whole = collate_pairs(examples[1:])
+    want = (reference_logps(ref, whole) * whole["action_mask"]).sum(1)
+    assert torch.allclose(again["ref_seq_logps"], want, atol=1e-5)
+    assert torch.equal(first["ref_seq_logps"][2:], again["ref_seq_logps"][:4])  # pairs 1 and 2, reused
+    loss, _ = objective.loss(model, again, cfg)
+    assert torch.isfinite(loss)
+
+
 def test_validation(tmp_path):
     with pytest.raises(ValueError, match="ref_model"):
         PreferenceObjective(DPOLoss())
