@@ -9,7 +9,9 @@ grad clipping, AdamW — on a Llama-architecture model built from a config (rand
   split, the behaviour logprobs as `old_per_token_logps`), backward, the same clipping and AdamW step.
 
 Each path runs in its own process (its own peak memory: the CUDA allocator's peak, or peak RSS on CPU), one
-micro-batch per step, one warm-up step, then `--steps` timed steps (CUDA-synchronised).
+micro-batch per step, one warm-up step, then `--steps` timed steps (CUDA-synchronised). For the Trainer paths the
+table also shows `Trainer.memory_estimate` (the estimate `ludic-fast train` prints; the reference path's is
+that of the fused head it replaces), to compare with the measured peak on a GPU.
 
     python bench/trainer_e2e.py                                  # CPU: small Llama, V=151936, 8 x 256 tokens
     python bench/trainer_e2e.py --device cuda                    # the Qwen2.5-0.5B shape, bf16, 16 x 1024 tokens
@@ -159,7 +161,7 @@ def _ours_step(args: argparse.Namespace, path: str):
     cls = ReferencePathTrainer if path == "reference" else Trainer
     trainer = cls(model=_build_model(args), algo=make_cispo(group_size=2), batch_source=_FixedSource(_items(args)),
                   cfg=cfg)
-    return trainer.train_step_sync
+    return trainer.train_step_sync, trainer.memory_estimate.total
 
 
 def _trl_step(args: argparse.Namespace):
@@ -198,7 +200,7 @@ def _trl_step(args: argparse.Namespace):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return step
+    return step, None
 
 
 def _trl_inputs(items: list, device: str) -> dict:
@@ -232,7 +234,7 @@ def run_path(args: argparse.Namespace, path: str) -> dict:
     """Build, warm up and time one path in this process; peak memory over the warm-up and timed steps."""
     torch.set_num_threads(args.threads)
     memory = PeakMemory(args.device)
-    step = _trl_step(args) if path == "trl" else _ours_step(args, path)
+    step, estimate = _trl_step(args) if path == "trl" else _ours_step(args, path)
     memory.reset()
     step()  # warm-up (AdamW allocates its states here)
     times = []
@@ -245,7 +247,7 @@ def run_path(args: argparse.Namespace, path: str) -> dict:
     tokens = sum(len(it.input_ids) for it in _items(args))
     median = statistics.median(times)
     return {"path": path, "median_s": median, "min_s": min(times), "tokens": tokens, "tokens_per_s": tokens / median,
-            "peak_bytes": memory.peak()}
+            "peak_bytes": memory.peak(), "estimate_bytes": estimate}
 
 
 def _child(args: argparse.Namespace, path: str, seqs: int | None = None) -> dict:
@@ -291,17 +293,18 @@ def table(args: argparse.Namespace, rows: list[dict]) -> str:
             f"1 warm-up + {args.steps} steps\n\n")
     ref = next((r for r in rows if r["path"] == "reference" and "skipped" not in r), None)
     fit = any("max_seqs" in r for r in rows)
-    lines = ["| path | median step s | min step s | tokens/s | peak GiB | step / reference |"
+    lines = ["| path | median step s | min step s | tokens/s | peak GiB | estimate GiB | step / reference |"
              + (" largest seqs/step |" if fit else ""),
-             "|---|---|---|---|---|---|" + ("---|" if fit else "")]
+             "|---|---|---|---|---|---|---|" + ("---|" if fit else "")]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['path']} | {r['skipped']} | | | | |" + (" |" if fit else ""))
+            lines.append(f"| {r['path']} | {r['skipped']} | | | | | |" + (" |" if fit else ""))
             continue
         ratio = f"{r['median_s'] / ref['median_s']:.2f}" if ref else "-"
+        estimate = f"{r['estimate_bytes'] / 2**30:.2f}" if r.get("estimate_bytes") else "-"
         extra = f" {r.get('max_seqs') or '-'} |" if fit else ""
         lines.append(f"| {r['path']} | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['tokens_per_s']:.0f} | "
-                     f"{r['peak_bytes'] / 2**30:.2f} | {ratio} |{extra}")
+                     f"{r['peak_bytes'] / 2**30:.2f} | {estimate} | {ratio} |{extra}")
     return head + "\n".join(lines)
 
 

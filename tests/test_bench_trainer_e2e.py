@@ -5,6 +5,7 @@ same sequences, by hand."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -49,5 +50,7 @@ def test_tiny_cpu_run_has_a_row_per_path(capsys, tmp_path):
         cells = [c.strip() for c in rows[path].split("|")[2:-1]]
         assert float(cells[0]) > 0 and float(cells[2]) > 0 and float(cells[3]) > 0, rows[path]
     assert "CUDA only" in rows["ours-padded+kernels"] and "CUDA only" in rows["ours-packed+kernels"]
-    assert rows["reference"].split("|")[6].strip() == "1.00"
-    assert (tmp_path / "rows.json").is_file()
+    assert rows["reference"].split("|")[7].strip() == "1.00"
+    assert float(rows["ours-packed"].split("|")[6]) >= 0 and rows["trl"].split("|")[6].strip() == "-"
+    saved = {r["path"]: r for r in json.loads((tmp_path / "rows.json").read_text())["rows"]}
+    assert saved["ours-packed"]["estimate_bytes"] > 0 and saved["trl"]["estimate_bytes"] is None
