@@ -167,8 +167,9 @@ class DistillObjective(_Base):
 
     @torch.no_grad()
     def prepare(self, model, examples):
-        """Replace completions by the student's samples with probability on_policy_fraction."""
-        out = []
+        """Replace completions by the student's samples (eval mode) with probability on_policy_fraction."""
+        out, was_training = [], model.training
+        model.eval()
         for prompt, completion in examples:
             if self.on_policy_fraction > 0 and self._rng.random() < self.on_policy_fraction:
                 ids = torch.tensor([prompt], device=next(model.parameters()).device)
@@ -177,6 +178,7 @@ class DistillObjective(_Base):
                                      pad_token_id=self.eos_token_id)
                 completion = gen[0, len(prompt):].tolist() or completion
             out.append((prompt, completion))
+        model.train(was_training)
         return out
 
     def collate(self, examples, cfg):

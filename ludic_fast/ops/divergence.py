@@ -122,7 +122,8 @@ def _weights(valid: Tensor, reduction: str) -> Tensor:
 
 
 def _triton_chunk(spec, h_c, Ws, bs, h_t, Wt, bt, tgt, token_w):
-    """(per-token loss, d(raw) · T) of one chunk by the Triton row kernel over fp32 GEMM workspaces."""
+    """(per-token loss, d(raw) = token_w dloss/dz_s / T or None) of one chunk: the Triton row kernel over the
+    fp32 GEMM workspaces of both heads (the student's is overwritten with d(raw))."""
     from ludic_fast.kernels.divergence_rows import launch_divergence_rows
 
     n = h_c.shape[0]
