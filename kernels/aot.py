@@ -1,9 +1,10 @@
 """Ahead-of-time compilation of every kernel at its default launch configuration, without a GPU.
 
 `SPECS` names each kernel with representative constexprs (every optional feature on, so the largest
-variant is checked; the fused forward once per launch configuration of `head_fwd.CONFIGS` /
-`SMALL_CONFIGS`, compiled for the architecture it is chosen on, plus the plain variant: no bias, no
-softcap). `compile_spec(spec, arch)` runs `triton.compile` for a CUDA `GPUTarget` (80 -> sm_80, 90 -> sm_90a).
+variant is checked; the tl.dot kernels — the fused forward and the fused backward's gradient kernel — once
+per launch configuration (`head_fwd.CONFIGS` / `SMALL_CONFIGS`, `head_grad.CONFIGS`), compiled for the
+architecture it is chosen on, plus the plain variant: no bias, no softcap). `compile_spec(spec, arch)` runs
+`triton.compile` for a CUDA `GPUTarget` (80 -> sm_80, 90 -> sm_90a).
 `resource_usage` reads registers / stack / local memory from `cuobjdump --dump-resource-usage` and spill
 bytes from `ptxas -v` (the ptxas triton itself uses for that arch), both shipped in triton's
 backends/nvidia/bin.
@@ -22,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
-from . import divergence_rows, head_fwd, head_merge, head_rows
+from . import divergence_rows, head_fwd, head_grad, head_merge, head_rows
 
 ARCHS = (80, 90)
 NVIDIA_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -49,25 +50,28 @@ def _split(config: dict) -> tuple[dict, dict]:
     return {k: v for k, v in config.items() if k not in opts}, {k: v for k, v in config.items() if k in opts}
 
 
-def _fwd_specs() -> list[KernelSpec]:
-    """head_fwd per launch configuration, compiled for the architecture it is chosen on; all features on
-    (bias, softcap, entropy) and the plain variant (entropy only)."""
+def _dot_specs(name: str, fn: Any, features: dict[str, Any], io: dict[str, str], tables) -> list[KernelSpec]:
+    """A tl.dot kernel per launch configuration of `tables` ((label, {(elem, arch): config})), compiled for the
+    architecture it is chosen on; all features on (bias, softcap, `features`) and the plain variant."""
     specs = []
-    tables = (("", head_fwd.CONFIGS), ("small-N ", head_fwd.SMALL_CONFIGS))
     for label, table in tables:
         for (elem, arch), config in table.items():
             dtype, precision = _DOT_DTYPES[elem]
             blocks, options = _split(config)
-            io = {"h_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "tgt_ptr": "*i32"}
-            base = {"ENTROPY": True, "UPCAST": False, "PRECISION": precision, **blocks}
+            ptrs = {"h_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "tgt_ptr": "*i32",
+                    **{k: v.format(dtype=dtype) for k, v in io.items()}}
+            base = {**features, "UPCAST": False, "PRECISION": precision, **blocks}
             for variant, feats in (("all", {"HAS_BIAS": True, **_TRANSFORM}), ("plain", _PLAIN)):
-                specs.append(KernelSpec(f"head_fwd[{dtype},{label}{variant}]", head_fwd.head_fwd_kernel, io,
-                                        {**feats, **base}, options, precision != "ieee", (arch,)))
+                specs.append(KernelSpec(f"{name}[{dtype},{label}{variant}]", fn, ptrs, {**feats, **base}, options,
+                                        precision != "ieee", (arch,)))
     return specs
 
 
 SPECS = (
-    *_fwd_specs(),
+    *_dot_specs("head_fwd", head_fwd.head_fwd_kernel, {"ENTROPY": True}, {},
+                (("", head_fwd.CONFIGS), ("small-N ", head_fwd.SMALL_CONFIGS))),
+    *_dot_specs("head_grad", head_grad.head_grad_kernel, {"HAS_GH": True}, {"d_ptr": "*{dtype}"},
+                (("", head_grad.CONFIGS),)),
     KernelSpec(
         "head_merge", head_merge.head_merge_kernel, {"tgt_ptr": "*i32"},
         {"ENTROPY": True, "BLOCK": head_merge.BLOCK}, {"num_warps": head_merge.NUM_WARPS}, False,

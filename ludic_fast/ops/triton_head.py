@@ -5,15 +5,18 @@ z_y - lse and entropy lse - E_p z (fp32); backward for any per-token (g_lp, g_H)
 dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z), chain rule to raw logits, then dh = draw W,
 dW = draw^T h, db = sum_rows draw, accumulated in fp32.
 
-Two strategies, same numbers; they differ in the forward only:
-  workspace  a cuBLAS GEMM writes a bounded fp32 chunk of raw logits (whole vocabulary rows); the Triton row
-             kernel (kernels.head_rows) turns it into statistics.
-  fused      Triton tl.dot tiles with online statistics (kernels.head_fwd + head_merge): no logits workspace.
-Backward (both): vocabulary slices over all tokens (token chunks too when the budget needs them); per block a
-GEMM writes fp32 raw logits, the row kernel writes d(raw) straight in the GEMM operand dtype over the same
-memory (`operand_view`), cuBLAS forms dh and dW from it. A gradient that gets one contribution per element
-(dh when one slice spans the vocabulary, dW when one token chunk spans all tokens) is written by one GEMM in
-the input dtype; otherwise it accumulates in fp32, the first GEMM with beta = 0 (no zero-fill).
+Two strategies, same numbers:
+  workspace  forward: a cuBLAS GEMM writes a bounded fp32 chunk of raw logits (whole vocabulary rows); the
+             Triton row kernel (kernels.head_rows) turns it into statistics. Backward blocks: a GEMM writes
+             fp32 raw logits, the row kernel writes d(raw) in the GEMM operand dtype over the same memory
+             (`operand_view`).
+  fused      forward: Triton tl.dot tiles with online statistics (kernels.head_fwd + head_merge), no logits
+             workspace. Backward blocks: a tl.dot kernel (kernels.head_grad) recomputes the logit tile and
+             writes d(raw) in the operand dtype from registers (no fp32 logits in memory at all).
+Backward (both): vocabulary slices over all tokens (token chunks too when the budget needs them); per block
+cuBLAS forms dh and dW from d(raw). A gradient that gets one contribution per element (dh when one slice
+spans the vocabulary, dW when one token chunk spans all tokens) is written by one GEMM in the input dtype;
+otherwise it accumulates in fp32, the first GEMM with beta = 0 (no zero-fill).
 Plan (`ludic_fast.ops.plan.plan_head`): the `strategy=` argument, else env LUDIC_FAST_TRITON_STRATEGY
 (auto|fused|workspace), else auto: the strategy, forward chunk rows and backward blocks the cost model
 predicts fastest within the memory budget.
@@ -28,6 +31,8 @@ import torch
 from torch import Tensor
 
 from ludic_fast.kernels.head_fwd import launch_config, launch_head_fwd
+from ludic_fast.kernels.head_grad import CONFIGS as GRAD_CONFIGS
+from ludic_fast.kernels.head_grad import launch_head_grad
 from ludic_fast.kernels.head_merge import launch_head_merge
 from ludic_fast.kernels.head_rows import launch_head_rows
 from ludic_fast.ops.plan import HeadPlan, plan_head
@@ -203,7 +208,10 @@ def _device_arch_and_programs(device: torch.device) -> tuple[int, int]:
 
 
 class _HeadFunctionBase(torch.autograd.Function):
-    """Shared forward/backward bookkeeping; subclasses implement `_stats`; `_grads` is the workspace backward."""
+    """Shared forward/backward bookkeeping; subclasses implement `_stats` and choose the backward's d(raw)
+    producer (`_TL_DOT_GRAD`: the tl.dot gradient kernel, else GEMM + row kernel)."""
+
+    _TL_DOT_GRAD = False
 
     @classmethod
     def forward(cls, ctx, h, w, b, tgt, inv_t, cfg: _KernelConfig, with_entropy: bool):  # type: ignore[override]
@@ -220,7 +228,7 @@ class _HeadFunctionBase(torch.autograd.Function):
         n = h.shape[0]
         g_lp = torch.zeros(n, device=h.device, dtype=torch.float32) if g_lp is None else _upstream(g_lp, n)
         g_H = _upstream(g_H, n) if ctx.with_entropy else None
-        grads = _workspace_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, ctx.cfg)
+        grads = _block_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, ctx.cfg, cls._TL_DOT_GRAD)
         return (
             *(None if g is None else g.to(x.dtype) for g, x in zip(grads, (h, w, b))),
             None,
@@ -230,11 +238,13 @@ class _HeadFunctionBase(torch.autograd.Function):
         )
 
 
-def _workspace_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg):
+def _block_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg, tl_dot: bool):
     """(dh, dW, db), None where not needed. Blocks of the plan (vocabulary slices over all tokens when the
-    budget allows). Per block: fp32 raw logits (GEMM, beta = 0) -> d(raw) in the input dtype over the same
-    memory (row kernel) -> dh[r] (+)= d W[c], dW[c] (+)= d^T h[r]. dh is fp32 only when there are several
-    slices, dW only when there are several token chunks; otherwise each is one GEMM into the input dtype."""
+    budget allows). Per block, d(raw) in the input dtype: `tl_dot` — the tl.dot gradient kernel recomputes
+    the logits in registers (a [block] buffer of the input dtype); else fp32 raw logits (GEMM, beta = 0), then
+    the row kernel over the same memory. Then dh[r] (+)= d W[c], dW[c] (+)= d^T h[r]. dh is fp32 only when
+    there are several slices, dW only when there are several token chunks; otherwise each is one GEMM into
+    the input dtype."""
     n, v = h.shape[0], w.shape[0]
     rows_per, cols_per = cfg.grad_block
     row_chunks, slices = -(-n // rows_per), -(-v // cols_per)
@@ -244,17 +254,24 @@ def _workspace_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg):
     db = torch.zeros(v, device=dev, dtype=torch.float32) if need[2] else None
     if n == 0 or not any(need):
         return tuple(None if g is None else g.zero_() for g in (dh, dw, db))
-    buf = new_workspace(min(rows_per, n), min(cols_per, v), dev)
+    buf = new_workspace(min(rows_per, n), min(cols_per, v), dev, h.dtype if tl_dot else torch.float32)
+    config = GRAD_CONFIGS[(h.element_size(), _device_arch_and_programs(dev)[0])] if tl_dot else None
     for ci, c0 in enumerate(range(0, v, cols_per)):
         c = slice(c0, min(v, c0 + cols_per))
         for ri, r0 in enumerate(range(0, n, rows_per)):
             r = slice(r0, min(n, r0 + rows_per))
             ws = buf[: r.stop - r.start, : c.stop - c.start]
-            gemm_into(ws, h[r], w[c].T, accumulate=False)
-            d = operand_view(ws, h.dtype)
-            launch_head_rows(ws, b, tgt[r], inv_t[r], lse[r], ez[r], None, g_lp[r],
-                             None if g_H is None else g_H[r], col_start=c0, scale=cfg.scale,
-                             softcap=cfg.softcap, entropy=g_H is not None, stats=False, d=d)
+            g_H_r = None if g_H is None else g_H[r]
+            if tl_dot:
+                d = ws
+                launch_head_grad(h[r], w[c], b, tgt[r], inv_t[r], lse[r], ez[r], g_lp[r], g_H_r, d, col_start=c0,
+                                 scale=cfg.scale, softcap=cfg.softcap, upcast=cfg.upcast, precision=cfg.precision,
+                                 config=config)
+            else:
+                gemm_into(ws, h[r], w[c].T, accumulate=False)
+                d = operand_view(ws, h.dtype)
+                launch_head_rows(ws, b, tgt[r], inv_t[r], lse[r], ez[r], None, g_lp[r], g_H_r, col_start=c0,
+                                 scale=cfg.scale, softcap=cfg.softcap, entropy=g_H is not None, stats=False, d=d)
             if db is not None:
                 db[c] += d.sum(0, dtype=torch.float32)
             if dh is not None:
@@ -265,7 +282,10 @@ def _workspace_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg):
 
 
 class FusedHeadFunction(_HeadFunctionBase):
-    """Fused strategy: forward (token tile x vocab split) tl.dot + merge, no logits workspace."""
+    """Fused strategy: forward (token tile x vocab split) tl.dot + merge, no logits workspace; backward blocks
+    from the tl.dot gradient kernel."""
+
+    _TL_DOT_GRAD = True
 
     @staticmethod
     def _stats(h, w, b, tgt, inv_t, cfg, with_entropy):

@@ -162,9 +162,13 @@ def test_empty_batch(strategy, monkeypatch):
         # backward: vocabulary slices of 128-multiples over all tokens (fp32 dh; dW written per slice)
         ("workspace", 3, 4099, 4500, None, torch.float32),
         ("workspace", 3, 4099, 4500, None, torch.float16),
+        # the fused backward's tl.dot gradient kernel on the same blocks (d(raw) from registers)
+        ("fused", 40, 1021, 2048, None, torch.bfloat16),
+        ("fused", 3, 4099, 4500, None, torch.float32),
+        ("fused", 3, 4099, 4500, None, torch.float16),
     ],
     ids=["fused-splits", "workspace-token-chunks", "workspace-token-chunks-bf16", "workspace-vocab-slices",
-         "workspace-vocab-slices-fp16"],
+         "workspace-vocab-slices-fp16", "fused-token-chunks-bf16", "fused-vocab-slices", "fused-vocab-slices-fp16"],
 )
 def test_grid_and_chunk_plans(strategy, n, v, chunk_elements, target_programs, dtype, monkeypatch):
     from ludic_fast.kernels.head_fwd import launch_config

@@ -1,0 +1,81 @@
+"""Backward logits-to-gradient kernel of the fused strategy: one program per (token tile x vocab tile) of a
+backward block. It recomputes the raw logit tile with tl.dot (fp32 accumulation) and, in registers, forms
+
+    p = e^{z - lse},   dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z),   d(raw)_j = dz_j / T * SCALE * (1 - tanh^2)
+
+then stores d(raw) in the GEMM operand dtype of `d` (bf16/fp16, or fp32 for fp32 inputs). cuBLAS forms
+dh = d W and dW = d^T h from it. Each program owns its output tile (no atomics); no fp32 logits are
+written or read, so the block moves 2 bytes per logit element (the d(raw) store) where the workspace
+backward moves 10 (fp32 logits written and read, d(raw) written). Columns are relative to the block:
+`w_ptr` points at W[col_start], targets are global ids. Ignored rows (tgt < 0) and tiles past the block get
+d(raw) = 0 (stored only inside the block). Offsets are int64.
+"""
+
+import triton
+import triton.language as tl
+
+from ._logit_math import final_logits, logit_grad, raw_grad
+from .head_fwd import dot_tile
+
+#: Launch configurations per (input element size, architecture family), spill-free with every feature on and
+#: off (triton 3.9 AOT, `bench/kernel_report.py`); speed unmeasured. The elementwise epilogue (no reductions)
+#: is lighter than the forward's, but 128x256x64 still spills on sm_90 (112-264 B).
+CONFIGS = {
+    (2, 90): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4},
+    (2, 80): {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 4},
+    (4, 90): {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 16, "num_warps": 8, "num_stages": 3},
+    (4, 80): {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 16, "num_warps": 8, "num_stages": 3},
+}
+
+
+@triton.jit
+def head_grad_kernel(
+    h_ptr, w_ptr, b_ptr, tgt_ptr, inv_t_ptr, lse_ptr, ez_ptr, glp_ptr, gh_ptr, d_ptr,
+    N, C, D, col_start, stride_hn, stride_hk, stride_wv, stride_wk, stride_d,
+    HAS_BIAS: tl.constexpr, SCALE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SOFTCAP: tl.constexpr,
+    HAS_GH: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    col_ok = cols < C
+    tgt = tl.load(tgt_ptr + rows, mask=row_ok, other=-1)
+    inv_t = tl.load(inv_t_ptr + rows, mask=row_ok, other=1.0)
+    lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
+    g_lp = tl.where(tgt >= 0, tl.load(glp_ptr + rows, mask=row_ok, other=0.0), 0.0)
+    if HAS_GH:
+        g_h = tl.where(tgt >= 0, tl.load(gh_ptr + rows, mask=row_ok, other=0.0), 0.0)
+        ez = tl.load(ez_ptr + rows, mask=row_ok, other=0.0)
+    else:
+        g_h = g_lp
+        ez = lse
+    raw = dot_tile(h_ptr, w_ptr, rows, cols, row_ok, col_ok, D, stride_hn, stride_hk, stride_wv, stride_wk,
+                   UPCAST, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    if HAS_BIAS:
+        raw += tl.load(b_ptr + col_start + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    # outside the block (masked loads: raw = 0) z and p stay finite and are never stored, so no masking here
+    z, th = final_logits(raw, inv_t, SCALE, HAS_SOFTCAP, SOFTCAP)
+    p = tl.exp(z - lse[:, None])
+    dz = logit_grad(z, p, (col_start + cols)[None, :] == tgt[:, None], g_lp, g_h, ez, HAS_GH)
+    draw = raw_grad(dz, th, inv_t, SCALE, HAS_SOFTCAP)
+    d_tile = d_ptr + rows.to(tl.int64)[:, None] * stride_d + cols[None, :]
+    tl.store(d_tile, draw.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def launch_head_grad(h, w, b, tgt, inv_t, lse, ez, g_lp, g_h, d, *, col_start, scale, softcap, upcast, precision,
+                     config):
+    """d [n, c] (unit column stride, written) <- d(raw) of h [n, D] against the block's weight rows
+    w = W[col_start : col_start + c] (any strides); b the full [V] bias or None; tgt int32 [n] global ids
+    (-1 ignored); inv_t, lse, ez, g_lp fp32 [n]; g_h fp32 [n] or None (no entropy gradient); `config` one
+    of `CONFIGS`."""
+    n, c = d.shape
+    D = h.shape[1]
+    grid = (triton.cdiv(n, config["BLOCK_M"]), triton.cdiv(c, config["BLOCK_N"]))
+    head_grad_kernel[grid](
+        h, w, b if b is not None else lse, tgt, inv_t, lse, ez, g_lp, g_h if g_h is not None else g_lp, d,
+        n, c, D, col_start, h.stride(0), h.stride(1), w.stride(0), w.stride(1), d.stride(0),
+        HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
+        SOFTCAP=1.0 if softcap is None else softcap, HAS_GH=g_h is not None, UPCAST=upcast, PRECISION=precision,
+        **config,
+    )
