@@ -32,6 +32,11 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 ATTENTION = ("auto", "eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+#: --attn values that need a package: (module, pip requirement)
+_ATTENTION_PACKAGES = {
+    "flash_attention_2": ("flash_attn", "'ludic-fast[flash-attn]'"),
+    "flash_attention_3": ("flash_attn_interface", "FlashAttention-3 (the hopper/ build of Dao-AILab/flash-attention)"),
+}
 
 
 def profile_default_help(flag: str) -> str:
@@ -94,6 +99,9 @@ def apply_recipe(args: argparse.Namespace) -> None:
     args.attn = resolve_attention(args.attn, args.device)
     if args.attn.startswith("flash_attention") and (not cuda or args.dtype == "fp32"):
         raise UsageError(f"--attn {args.attn} needs --device cuda and --dtype bf16 or fp16")
+    package = _ATTENTION_PACKAGES.get(args.attn)
+    if package is not None and importlib.util.find_spec(package[0]) is None:
+        raise UsageError(f"--attn {args.attn} needs the package {package[0]}: pip install {package[1]}")
     if args.attn == "flex_attention" and not cuda:
         raise UsageError("--attn flex_attention needs --device cuda (PyTorch's flex attention has no CPU backward)")
 

@@ -4,6 +4,8 @@ the peak-memory estimate before its first step."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from test_cli import FAST
 
@@ -56,6 +58,12 @@ def test_dtype_and_attention_on_cpu():
 def test_cpu_refusals(flags, message):
     with pytest.raises(UsageError, match=message):
         _args("--device", "cpu", *flags)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash-attn is installed here")
+def test_flash_attention_without_the_package_is_a_usage_error():
+    with pytest.raises(UsageError, match="--attn flash_attention_2 needs the package flash_attn"):
+        _args("--device", "cuda", "--attn", "flash_attention_2")  # apply_recipe only: no CUDA needed
 
 
 def test_packed_bf16_run_prints_the_memory_estimate_first(tmp_path, capsys):
