@@ -10,8 +10,8 @@ Workloads (N rows of hidden size D against V, fp32):
     jsd    N student rows against N teacher rows (D_t = --teacher-dim), generalised JSD β = 0.5, T = 1.
 
 Implementations:
-    ours          ludic_fast (preference losses: the fused mode with the default chunk budget; a pair longer than
-                  a chunk runs two passes, 8NDV); jsd: linear_divergence, default budget
+    ours          ludic_fast with no budget given (preference losses: one pass, 6NDV, when a pair fits 4 default
+                  chunks, else two passes, 8NDV); jsd: linear_divergence, default budget
     ours_pair     preference losses with a chunk budget of one pair (2T x V): one pass, 6NDV; Liger's chunk size
     liger         LigerFusedLinearDPOLoss / LigerFusedLinearORPOLoss (chunk_size 1 pair, compiled=False on CPU);
                   jsd: LigerFusedLinearJSDLoss (the chunked torch version; LigerFusedLinearJSD is Triton-only)

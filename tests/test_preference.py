@@ -129,11 +129,34 @@ def test_one_pass_costs_6ndv_and_two_pass_8ndv():
         assert fc.get_total_flops() == factor * n * D * V
 
 
+def test_default_budget_grows_a_chunk_to_hold_a_pair(monkeypatch):
+    # no budget from the caller: on the CPU a chunk may grow to 4 default chunks (16 rows here) to keep a pair
+    # whole (one pass); a longer pair, or an explicit budget, keeps the two-pass mode
+    import ludic_fast.ops.plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "DEFAULT_CHUNK_ELEMENTS", 16 * V)
+    g = torch.Generator().manual_seed(0)
+    for action, factor in ((30, 6), (35, 8)):  # pairs of 60 (<= 64 rows) and 70 action tokens
+        h = torch.randn(4, 40, D, generator=g, requires_grad=True)
+        W = torch.randn(V, D, generator=g, requires_grad=True)
+        amask = torch.zeros(4, 40)
+        amask[:, 40 - action:] = 1.0
+        batch = {"input_ids": torch.randint(0, V, (4, 40), generator=g), "action_mask": amask,
+                 "ref_seq_logps": torch.zeros(4)}
+        for kw, want in (({}, factor), ({"chunk_elements": 16 * V}, 8)):
+            with FlopCounterMode(display=False) as fc:
+                P.DPOLoss()(batch, hidden=h, weight=W, **kw)[0].backward()
+            assert fc.get_total_flops() == want * 4 * action * D * V, (action, kw)
+
+
 def test_group_chunks_keep_groups_whole():
     assert _group_chunks([3, 5, 9], 6, 12) == [slice(0, 5), slice(5, 9), slice(9, 12)]
     assert _group_chunks([3, 5, 9], 4, 12) == [slice(0, 3), slice(3, 5), slice(5, 9), slice(9, 12)]
     assert _group_chunks([3, 5, 9], 3, 12) is None  # the group [5, 9) does not fit
     assert _group_chunks(None, 8, 12) is None
+    # a chunk may grow to hold the largest group (4 rows), no further
+    assert _group_chunks([3, 5, 9], 3, 12, grow_to=4) == [slice(0, 3), slice(3, 5), slice(5, 9), slice(9, 12)]
+    assert _group_chunks([3, 5, 9], 2, 12, grow_to=3) is None
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[7], CASES[9]], ids=["dpo", "orpo", "kto"])
