@@ -163,7 +163,7 @@ def main(args: argparse.Namespace, command: str) -> int:
                         micro_batch_size=args.pref_batch_size, lr=args.lr, weight_decay=args.weight_decay,
                         max_grad_norm=args.max_grad_norm, max_length=args.max_seq_len,
                         pad_token_id=tok.pad_token_id, seed=args.seed, device=args.device,
-                        memory_budget=args.memory_budget)
+                        memory_budget=args.memory_budget, layout=args.layout)
     print(f"ludic-fast {command}: {args.offline_steps} steps of {args.preset} on {len(examples)} "
           f"{FORMAT[args.preset]} examples ({args.pref_data or 'embedded'}); output {out}", flush=True)
     console = train_cli.build_console_logger(args.logger)

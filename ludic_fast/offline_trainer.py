@@ -13,7 +13,8 @@ Objectives (`Objective`): how examples are collated and how a micro-batch's loss
 - `DistillObjective(teacher, ...)`: `linear_divergence` on the completion tokens, teacher hidden states
   under no_grad; `on_policy_fraction` λ replaces each example's completion by a sample of the student with
   probability λ (GKD, Agarwal et al., arXiv 2306.13649: the student samples, the teacher scores).
-Padded layout; models are transformers causal LMs (hidden states from `final_hidden_states`).
+Layouts padded or packed (`OfflineConfig.layout`; packed runs the model on exact packed-attention inputs);
+models are transformers causal LMs (hidden states from `final_hidden_states`).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from ludic_fast.integrations.packing import resolve_packed_attention
 from ludic_fast.integrations.transformers import final_hidden_states, lm_head
 from ludic_fast.ops.divergence import linear_divergence
 from ludic_fast.pair_batching import collate_completions, collate_kto, collate_pairs
 from ludic_fast.preference import DPOLoss, IPOLoss, KTOLoss
 from ludic_fast.reward_model import BradleyTerryLoss
+from ludic_fast.token_batch import TokenBatch
 
 
 @dataclass
@@ -49,6 +52,7 @@ class OfflineConfig:
     device: str = "cpu"
     chunk_elements: int | None = None
     memory_budget: int | None = None  # bytes of the head's transient chunks (None: the default plan)
+    layout: str = "padded"  # or "packed" (no padding; exact packed attention, `integrations.packing`)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "micro_batch_size"):
@@ -56,6 +60,8 @@ class OfflineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.layout not in ("padded", "packed"):
+            raise ValueError(f"layout must be 'padded' or 'packed', got {self.layout!r}")
 
 
 class Objective(Protocol):
@@ -69,18 +75,25 @@ class Objective(Protocol):
 
 
 def _hidden(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    return final_hidden_states(model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    """Final hidden states of a padded batch, or of a packed one through the model's exact packed-attention
+    inputs (`integrations.packing`: sequences never attend each other)."""
+    if "cu_seqlens" not in batch:
+        return final_hidden_states(model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    packing = resolve_packed_attention(model, device=batch["input_ids"].device, training=model.training)
+    return final_hidden_states(model, **packing.model_inputs(batch))
 
 
 @torch.no_grad()
 def reference_logps(ref_model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """log p_ref of every action token at its position ([B, T], 0 elsewhere), through the fused head."""
-    ids = batch["input_ids"]
-    targets = torch.where(batch["action_mask"][:, 1:] > 0, ids[:, 1:], torch.full_like(ids[:, 1:], -100))
-    out = lm_head(ref_model).logprobs(_hidden(ref_model, batch)[:, :-1], targets, entropy=False)
-    ref = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-    ref[:, 1:] = out.logprobs
-    return ref
+    """log p_ref of every action token at its position (shape of input_ids, 0 elsewhere), padded or packed,
+    through the fused head."""
+    tb = TokenBatch.from_batch(batch)
+    hidden = _hidden(ref_model, batch)
+    rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, tb.rows)
+    out = lm_head(ref_model).logprobs(rows, tb.targets, entropy=False)
+    ref = torch.zeros(batch["input_ids"].numel(), dtype=torch.float32, device=rows.device)
+    ref[tb.rows + 1] = out.logprobs
+    return ref.reshape(batch["input_ids"].shape)
 
 
 class _Base:
@@ -110,8 +123,8 @@ class PreferenceObjective(_Base):
     def collate(self, examples, cfg):
         kw = dict(pad_token_id=cfg.pad_token_id, max_length=cfg.max_length, device=cfg.device)
         if isinstance(self.loss_fn, KTOLoss):
-            return collate_kto(examples, **kw)
-        batch = collate_pairs(examples, **kw)
+            return collate_kto(examples, layout=cfg.layout, **kw)
+        batch = collate_pairs(examples, layout=cfg.layout, **kw)
         if self.ref_model is not None:
             missing = [e for e in examples if id(e) not in self._ref_cache]
             if missing:
@@ -139,7 +152,8 @@ class RewardObjective(_Base):
         return list(self.value_head.parameters())
 
     def collate(self, examples, cfg):
-        return collate_pairs(examples, pad_token_id=cfg.pad_token_id, max_length=cfg.max_length, device=cfg.device)
+        return collate_pairs(examples, layout=cfg.layout, pad_token_id=cfg.pad_token_id, max_length=cfg.max_length,
+                             device=cfg.device)
 
     def loss(self, model, batch, cfg):
         fn = self.loss_fn or BradleyTerryLoss()
@@ -183,22 +197,21 @@ class DistillObjective(_Base):
 
     def collate(self, examples, cfg):
         prompts, completions = zip(*examples)
-        return collate_completions(prompts, completions, pad_token_id=cfg.pad_token_id, max_length=cfg.max_length,
-                                   device=cfg.device)
+        return collate_completions(prompts, completions, layout=cfg.layout, pad_token_id=cfg.pad_token_id,
+                                   max_length=cfg.max_length, device=cfg.device)
 
     def loss(self, model, batch, cfg):
-        sel = (batch["action_mask"][:, 1:] > 0).reshape(-1)
-        hs = _hidden(model, batch)[:, :-1]
-        hs = hs.reshape(-1, hs.shape[-1])[sel]
+        tb = TokenBatch.from_batch(batch)  # the completion tokens' rows and targets (never across a boundary)
+        hs = _hidden(model, batch)
+        hs = hs.reshape(-1, hs.shape[-1]).index_select(0, tb.rows)
         with torch.no_grad():
-            ht = _hidden(self.teacher, batch)[:, :-1]
-            ht = ht.reshape(-1, ht.shape[-1])[sel]
-        targets = batch["input_ids"][:, 1:].reshape(-1)[sel]
+            ht = _hidden(self.teacher, batch)
+            ht = ht.reshape(-1, ht.shape[-1]).index_select(0, tb.rows)
         s_head, t_head = lm_head(model), lm_head(self.teacher)
-        loss = linear_divergence(hs, s_head.weight, ht, t_head.weight, targets, kind=self.kind, beta=self.beta,
+        loss = linear_divergence(hs, s_head.weight, ht, t_head.weight, tb.targets, kind=self.kind, beta=self.beta,
                                  temperature=self.temperature, hard_weight=self.hard_weight,
                                  b_student=s_head.bias, b_teacher=t_head.bias, memory_budget=cfg.memory_budget)
-        return loss, {"loss": loss.detach(), "tokens": float(sel.sum())}
+        return loss, {"loss": loss.detach(), "tokens": float(tb.n)}
 
 
 class OfflineTrainer:

@@ -81,12 +81,36 @@ def test_reference_sums_are_computed_once_per_pair():
     assert torch.isfinite(loss)
 
 
+@pytest.mark.parametrize("kind", ["dpo", "kto", "reward", "distill"])
+def test_packed_layout_gives_the_padded_loss(kind):
+    from ludic_fast.offline_trainer import DistillObjective, RewardObjective
+    from ludic_fast.preference import KTOLoss
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(len(tok), seed=0, attn_implementation="sdpa")
+    other = build_tiny_model(len(tok), seed=1, attn_implementation="sdpa").requires_grad_(False)
+    fmt = {"dpo": "pairs", "kto": "kto", "reward": "pairs", "distill": "completions"}[kind]
+    examples = encode_rows(embedded_rows(fmt, 6), fmt, tok, chat_template=False)
+    objective = {"dpo": lambda: PreferenceObjective(DPOLoss(), other),
+                 "kto": lambda: PreferenceObjective(KTOLoss(), other),
+                 "reward": lambda: RewardObjective(torch.nn.Linear(128, 1)),
+                 "distill": lambda: DistillObjective(other, kind="jsd")}[kind]()
+    losses = []
+    for layout in ("padded", "packed"):
+        cfg = OfflineConfig(layout=layout)
+        loss, _ = objective.loss(model, objective.collate(examples, cfg), cfg)
+        losses.append(loss)
+    assert torch.allclose(losses[0], losses[1], rtol=1e-4, atol=1e-6), losses
+
+
 def test_validation(tmp_path):
     with pytest.raises(ValueError, match="ref_model"):
         PreferenceObjective(DPOLoss())
     PreferenceObjective(SimPOLoss())  # no reference model needed
     with pytest.raises(ValueError, match="batch_size"):
         OfflineConfig(batch_size=0)
+    with pytest.raises(ValueError, match="layout"):
+        OfflineConfig(layout="ragged")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1=", "completion": "2", "label": "yes"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1: 'label' must be a bool"):
