@@ -131,7 +131,9 @@ def _check(args: argparse.Namespace, command: str) -> None:
     if not 0 <= args.hard_weight <= 1 or not 0 <= args.on_policy_fraction <= 1:
         raise UsageError("--hard-weight and --on-policy-fraction must lie in [0, 1]")
     check_device(args.device)
-    apply_recipe(args)  # resolves --attn for the model build; the offline trainer runs the model in fp32
+    apply_recipe(args)  # resolves --attn and --dtype
+    if args.dtype == "fp16":
+        raise UsageError("--dtype fp16: the offline presets run fp32 or bf16 (fp16 would need a gradient scaler)")
     check_args(args)
 
 
@@ -163,7 +165,8 @@ def main(args: argparse.Namespace, command: str) -> int:
                         micro_batch_size=args.pref_batch_size, lr=args.lr, weight_decay=args.weight_decay,
                         max_grad_norm=args.max_grad_norm, max_length=args.max_seq_len,
                         pad_token_id=tok.pad_token_id, seed=args.seed, device=args.device,
-                        memory_budget=args.memory_budget, layout=args.layout)
+                        memory_budget=args.memory_budget, layout=args.layout,
+                        mixed_precision="bf16" if args.dtype == "bf16" else None)
     print(f"ludic-fast {command}: {args.offline_steps} steps of {args.preset} on {len(examples)} "
           f"{FORMAT[args.preset]} examples ({args.pref_data or 'embedded'}); output {out}", flush=True)
     console = train_cli.build_console_logger(args.logger)

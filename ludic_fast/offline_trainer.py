@@ -14,11 +14,13 @@ Objectives (`Objective`): how examples are collated and how a micro-batch's loss
   under no_grad; `on_policy_fraction` λ replaces each example's completion by a sample of the student with
   probability λ (GKD, Agarwal et al., arXiv 2306.13649: the student samples, the teacher scores).
 Layouts padded or packed (`OfflineConfig.layout`; packed runs the model on exact packed-attention inputs);
-models are transformers causal LMs (hidden states from `final_hidden_states`).
+fp32, or `mixed_precision='bf16'` (the model's forward under autocast, the fused head on bf16 casts of the
+hidden states and head weight, fp32 master weights); models are transformers causal LMs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from torch import Tensor, nn
 
 from ludic_fast.integrations.packing import resolve_packed_attention
 from ludic_fast.integrations.transformers import final_hidden_states, lm_head
+from ludic_fast.ops import linear_logprobs
 from ludic_fast.ops.divergence import linear_divergence
 from ludic_fast.pair_batching import collate_completions, collate_kto, collate_pairs
 from ludic_fast.preference import DPOLoss, IPOLoss, KTOLoss
@@ -53,6 +56,7 @@ class OfflineConfig:
     chunk_elements: int | None = None
     memory_budget: int | None = None  # bytes of the head's transient chunks (None: the default plan)
     layout: str = "padded"  # or "packed" (no padding; exact packed attention, `integrations.packing`)
+    mixed_precision: str | None = None  # "bf16": the model's forward under autocast, the head in bf16
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "micro_batch_size"):
@@ -62,6 +66,13 @@ class OfflineConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.layout not in ("padded", "packed"):
             raise ValueError(f"layout must be 'padded' or 'packed', got {self.layout!r}")
+        if self.mixed_precision not in (None, "bf16"):
+            raise ValueError(f"mixed_precision must be None or 'bf16' (fp16 would need a gradient scaler), "
+                             f"got {self.mixed_precision!r}")
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.mixed_precision == "bf16" else None
 
 
 class Objective(Protocol):
@@ -83,14 +94,31 @@ def _hidden(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     return final_hidden_states(model, **packing.model_inputs(batch))
 
 
+def _head_inputs(model: nn.Module, hidden: Tensor, cfg: OfflineConfig | None) -> tuple[Tensor, dict[str, Any]]:
+    """(hidden, head kwargs) for the fused head: under mixed precision both cast (differentiably) to bf16."""
+    kw = lm_head(model).kwargs()
+    dt = None if cfg is None else cfg.amp_dtype
+    if dt is None:
+        return hidden, kw
+    kw["weight"] = kw["weight"].to(dt)
+    kw["bias"] = None if kw["bias"] is None else kw["bias"].to(dt)
+    return hidden.to(dt), kw
+
+
+def _no_autocast(x: Tensor) -> contextlib.AbstractContextManager:
+    """The head runs outside autocast: it picks its own precisions (inputs cast by `_head_inputs`)."""
+    return torch.autocast(x.device.type, enabled=False)
+
+
 @torch.no_grad()
-def reference_logps(ref_model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+def reference_logps(ref_model: nn.Module, batch: dict[str, Tensor], cfg: OfflineConfig | None = None) -> Tensor:
     """log p_ref of every action token at its position (shape of input_ids, 0 elsewhere), padded or packed,
     through the fused head."""
     tb = TokenBatch.from_batch(batch)
-    hidden = _hidden(ref_model, batch)
+    hidden, kw = _head_inputs(ref_model, _hidden(ref_model, batch), cfg)
     rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, tb.rows)
-    out = lm_head(ref_model).logprobs(rows, tb.targets, entropy=False)
+    with _no_autocast(rows):
+        out = linear_logprobs(rows, kw.pop("weight"), tb.targets, entropy=False, **kw)
     ref = torch.zeros(batch["input_ids"].numel(), dtype=torch.float32, device=rows.device)
     ref[tb.rows + 1] = out.logprobs
     return ref.reshape(batch["input_ids"].shape)
@@ -129,16 +157,18 @@ class PreferenceObjective(_Base):
             missing = [e for e in examples if id(e) not in self._ref_cache]
             if missing:
                 fresh = collate_pairs(missing, **kw)
-                sums = (reference_logps(self.ref_model, fresh) * fresh["action_mask"]).sum(1)
+                sums = (reference_logps(self.ref_model, fresh, cfg) * fresh["action_mask"]).sum(1)
                 self._ref_cache.update({id(e): sums[2 * i:2 * i + 2] for i, e in enumerate(missing)})
             batch["ref_seq_logps"] = torch.cat([self._ref_cache[id(e)] for e in examples])
         return batch
 
     def loss(self, model, batch, cfg):
         if self.ref_model is not None and isinstance(self.loss_fn, KTOLoss):
-            batch["ref_logps"] = reference_logps(self.ref_model, batch)
-        return self.loss_fn(batch, hidden=_hidden(model, batch), **lm_head(model).kwargs(),
-                            chunk_elements=cfg.chunk_elements, memory_budget=cfg.memory_budget)
+            batch["ref_logps"] = reference_logps(self.ref_model, batch, cfg)
+        hidden, kw = _head_inputs(model, _hidden(model, batch), cfg)
+        with _no_autocast(hidden):
+            return self.loss_fn(batch, hidden=hidden, **kw, chunk_elements=cfg.chunk_elements,
+                                memory_budget=cfg.memory_budget)
 
 
 @dataclass
@@ -157,7 +187,9 @@ class RewardObjective(_Base):
 
     def loss(self, model, batch, cfg):
         fn = self.loss_fn or BradleyTerryLoss()
-        return fn(batch, hidden=_hidden(model, batch), weight=self.value_head.weight, bias=self.value_head.bias)
+        hidden = _hidden(model, batch)
+        with _no_autocast(hidden):
+            return fn(batch, hidden=hidden, weight=self.value_head.weight, bias=self.value_head.bias)
 
 
 @dataclass
@@ -202,15 +234,20 @@ class DistillObjective(_Base):
 
     def loss(self, model, batch, cfg):
         tb = TokenBatch.from_batch(batch)  # the completion tokens' rows and targets (never across a boundary)
-        hs = _hidden(model, batch)
+        for m in (model, self.teacher):
+            head = lm_head(m)
+            if head.softcap is not None or head.logit_scale != 1.0:
+                raise ValueError(f"{type(m).__name__}: linear_divergence takes plain linear heads (no logit scale "
+                                 "or final softcap)")
+        hs, s_kw = _head_inputs(model, _hidden(model, batch), cfg)
         hs = hs.reshape(-1, hs.shape[-1]).index_select(0, tb.rows)
         with torch.no_grad():
-            ht = _hidden(self.teacher, batch)
+            ht, t_kw = _head_inputs(self.teacher, _hidden(self.teacher, batch), cfg)
             ht = ht.reshape(-1, ht.shape[-1]).index_select(0, tb.rows)
-        s_head, t_head = lm_head(model), lm_head(self.teacher)
-        loss = linear_divergence(hs, s_head.weight, ht, t_head.weight, tb.targets, kind=self.kind, beta=self.beta,
-                                 temperature=self.temperature, hard_weight=self.hard_weight,
-                                 b_student=s_head.bias, b_teacher=t_head.bias, memory_budget=cfg.memory_budget)
+        with _no_autocast(hs):
+            loss = linear_divergence(hs, s_kw["weight"], ht, t_kw["weight"], tb.targets, kind=self.kind,
+                                     beta=self.beta, temperature=self.temperature, hard_weight=self.hard_weight,
+                                     b_student=s_kw["bias"], b_teacher=t_kw["bias"], memory_budget=cfg.memory_budget)
         return loss, {"loss": loss.detach(), "tokens": float(tb.n)}
 
 
@@ -229,6 +266,10 @@ class OfflineTrainer:
         self._order: list[int] = []
         self.step_idx = 0
 
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        dt = self.cfg.amp_dtype
+        return contextlib.nullcontext() if dt is None else torch.autocast(torch.device(self.cfg.device).type, dtype=dt)
+
     def _next_examples(self) -> list[Any]:
         out = []
         while len(out) < self.cfg.batch_size:
@@ -245,7 +286,9 @@ class OfflineTrainer:
         totals: dict[str, float] = {}
         for k in range(0, n, m):
             chunk = examples[k:k + m]
-            loss, stats = self.objective.loss(self.model, self.objective.collate(chunk, self.cfg), self.cfg)
+            batch = self.objective.collate(chunk, self.cfg)
+            with self._autocast():
+                loss, stats = self.objective.loss(self.model, batch, self.cfg)
             (loss * (len(chunk) / n)).backward()
             for key, v in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(v) * len(chunk) / n

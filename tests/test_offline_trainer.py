@@ -103,6 +103,29 @@ def test_packed_layout_gives_the_padded_loss(kind):
     assert torch.allclose(losses[0], losses[1], rtol=1e-4, atol=1e-6), losses
 
 
+@pytest.mark.parametrize("kind", ["simpo", "distill"])
+def test_bf16_mixed_precision_close_to_fp32(kind):
+    from ludic_fast.offline_trainer import DistillObjective
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(len(tok), seed=0)
+    other = build_tiny_model(len(tok), seed=1).requires_grad_(False)
+    fmt = "pairs" if kind == "simpo" else "completions"
+    examples = encode_rows(embedded_rows(fmt, 6), fmt, tok, chat_template=False)
+    objective = PreferenceObjective(SimPOLoss(), None) if kind == "simpo" else DistillObjective(other)
+    losses, grads = [], []
+    for amp in (None, "bf16"):
+        cfg = OfflineConfig(mixed_precision=amp)
+        trainer = OfflineTrainer(model, objective, examples, cfg)
+        with trainer._autocast():
+            loss, _ = objective.loss(model, objective.collate(examples, cfg), cfg)
+        losses.append(loss.float())
+        grads.append(torch.autograd.grad(loss, model.lm_head.weight)[0])
+    assert grads[1].dtype == torch.float32  # fp32 master weights
+    assert torch.allclose(losses[0], losses[1], rtol=3e-2), losses
+    assert float((grads[0] - grads[1]).abs().max() / grads[0].abs().max()) < 0.1
+
+
 def test_validation(tmp_path):
     with pytest.raises(ValueError, match="ref_model"):
         PreferenceObjective(DPOLoss())
@@ -111,6 +134,8 @@ def test_validation(tmp_path):
         OfflineConfig(batch_size=0)
     with pytest.raises(ValueError, match="layout"):
         OfflineConfig(layout="ragged")
+    with pytest.raises(ValueError, match="mixed_precision"):
+        OfflineConfig(mixed_precision="fp16")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1=", "completion": "2", "label": "yes"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1: 'label' must be a bool"):
