@@ -193,7 +193,10 @@ class KernelCosts:
     fp32 output 4 + conversion 4 + 2). `fused_*`: the tl.dot strategy's GEMM rate as a fraction of cuBLAS's
     (forward measured at 22-25 ms against cuBLAS's 13.1 ms at N=8192 D=4096 V=151936 on an H100) and, when
     `fused_bwd_atomics`, its backward's (BLOCK_M, BLOCK_N) tile, which sets its fp32 atomic traffic
-    `ceil(V/BN) N D 4 + ceil(N/BM) V D 4` bytes (False: the fused strategy's backward is the workspace one).
+    `ceil(V/BN) N D 4 + ceil(N/BM) V D 4` bytes (False: the fused strategy's backward runs the workspace
+    backward's blocks, with the tl.dot gradient kernel recomputing the logits at `fused_fwd_fraction` of the
+    cuBLAS rate and writing d(raw) from registers: `fused_grad_bytes` per logit element, d(raw) write 2 +
+    gradient GEMM reads 2 + 2, and a block buffer of the input dtype).
     `torch_*`: the torch backend's bytes per logit element (forward, backward) and transient bytes per chunk
     element. `launches_*`: kernels per forward chunk, per backward block, per fused-loss chunk (the loss's
     O(n) autograd included), per torch-backend block."""
@@ -208,6 +211,7 @@ class KernelCosts:
     fused_bwd_fraction: float = 340 / 765
     fused_bwd_block: tuple[int, int] = (64, 128)
     fused_bwd_atomics: bool = False
+    fused_grad_bytes: float = 6.0
     torch_fwd_bytes: float = 40.0
     torch_bwd_bytes: float = 60.0
     torch_chunk_bytes: float = 12.0
@@ -337,16 +341,17 @@ def _accumulator(c: _Cost, name: str, count: int, elems: int, scaled: bool, once
     return True
 
 
-def _workspace_backward(c: _Cost, rows: int, cols: int) -> None:
+def _workspace_backward(c: _Cost, rows: int, cols: int, tl_dot: bool = False) -> None:
+    """The backward's blocks; `tl_dot`: d(raw) from the fused strategy's tl.dot gradient kernel."""
     s, k = c.s, c.s.k
     row_chunks, slices = _cdiv(s.n, rows), _cdiv(s.v, cols)
     for rc, r in _pieces(s.n, rows):
         for cc, w in _pieces(s.v, cols):
-            c.gemm("gemm", r, w, s.d, rc * cc)  # recomputed logits
+            c.gemm("gemm", r, w, s.d, rc * cc, rate_fraction=k.fused_fwd_fraction if tl_dot else 1.0)  # logits
             c.gemm("gemm", r, s.d, w, rc * cc)  # dh
             c.gemm("gemm", w, s.d, r, rc * cc)  # dW
-    c.traffic("epilogue", k.grad_bytes * s.n * s.v)
-    mem = rows * cols * k.ws_bytes
+    c.traffic("epilogue", (k.fused_grad_bytes if tl_dot else k.grad_bytes) * s.n * s.v)
+    mem = rows * cols * (s.e if tl_dot else k.ws_bytes)
     mem += 4 * s.n * s.d if _accumulator(c, "dh", slices, s.n * s.d, False) else 0
     mem += 4 * s.v * s.d if _accumulator(c, "dW", row_chunks, s.v * s.d, False, once_fp32_out=True) else 0
     if row_chunks == 1 and not k.lean_accumulators:
@@ -428,7 +433,7 @@ def _price(s: _Shape, mode: str, strategy: str, rows: int, cols: int, grows: int
         if mode == "generic" and s.k.fused_bwd_atomics:
             _fused_dot_backward(c)
         elif mode == "generic":
-            _workspace_backward(c, grows, gcols)
+            _workspace_backward(c, grows, gcols, tl_dot=True)
     elif strategy == "torch" or cols < s.v:  # the torch backend, or the sliced-vocabulary fused loss
         passes = {"forward": 1, "generic": 2, "coupled": 2}.get(mode, 1 if cols == s.v else 2)
         _torch_blocks(c, rows, cols, passes, mode != "forward")
