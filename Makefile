@@ -1,6 +1,7 @@
 # Two entry points, each building its own virtual environment from nothing:
 #   make demo   runs the main job on the embedded default (CPU, no download)
-#   make docs   regenerates docs/api.md from the docstrings (tests/test_docs.py checks every link in the docs)
+#   make docs   regenerates docs/api.md from the docstrings (tests/test_docs.py checks every link in the docs
+#               and that docs/api.md is up to date)
 #   make test   runs the whole test suite (unit tests, then Triton-interpreter tests in their own process, then
 #               the verl integration tests in .venv-verl, where verl 0.9.1 is installed with its own pins)
 VENV   ?= .venv

@@ -60,12 +60,15 @@ def _summary(obj: object) -> str:
 
 
 def _signature(obj: object) -> str:
-    """inspect's signature with string annotations unquoted ('Tensor' -> Tensor)."""
+    """inspect's signature with string annotations unquoted ('Tensor' -> Tensor) and default values that
+    print a memory address ('<function f at 0x7f...>') shown by name, so the output is the same every run."""
     try:
         sig = str(inspect.signature(obj))
     except (TypeError, ValueError):
         return "(...)"
     sig = re.sub(r"ForwardRef\('([^']*)'\)", r"\1", sig)
+    sig = re.sub(r"<(?:function|built-in function) ([\w.]+)(?: at 0x[0-9a-f]+)?>", r"\1", sig)
+    sig = re.sub(r"<([\w.]+) object at 0x[0-9a-f]+>", r"<\1 object>", sig)
     return re.sub(r"(: |-> )'([^']*)'", r"\1\2", sig)
 
 
