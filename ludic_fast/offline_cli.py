@@ -10,8 +10,10 @@ on-policy with `--on-policy-fraction`.
 
 Outputs under --output-dir: metrics.jsonl (phase = the preset), curves.png (the preset's metric and the
 loss), summary.json (the metric's first/last-10 means), model/ (the trained model and tokenizer,
-save_pretrained; reward adds model/value_head.safetensors). The metric: rewards_accuracy for the pair presets
-and reward, the rewards margin (chosen - rejected) for kto, the loss for distill.
+save_pretrained; reward adds model/value_head.safetensors), checkpoints under <preset>/ when
+`--checkpoint-every` > 0; `--resume` continues from the latest of them (metrics.jsonl keeps the records up
+to its step). The metric: rewards_accuracy for the pair presets and reward, the rewards margin (chosen -
+rejected) for kto, the loss for distill.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from typing import Any
 
 import torch
 
+from ludic_fast.checkpoint import CheckpointManager
 from ludic_fast.cli_validation import UsageError, check_args, check_device
-from ludic_fast.loggers import JSONLLogger, TeeLogger, plot_curves
+from ludic_fast.loggers import JSONLLogger, TeeLogger, plot_curves, read_jsonl
 from ludic_fast.offline_trainer import (
     DistillObjective,
     OfflineConfig,
@@ -122,6 +125,10 @@ def _objective(args: argparse.Namespace, model: torch.nn.Module, tok: Any, examp
 def _check(args: argparse.Namespace, command: str) -> None:
     if command != "train":
         raise UsageError(f"--preset {args.preset} runs under `ludic-fast train`")
+    if args.resume and args.output_dir is None:
+        raise UsageError("--resume needs --output-dir (the run to continue)")
+    if args.checkpoint_every < 0:
+        raise UsageError("--checkpoint-every must be >= 0")
     if args.offline_steps < 1 or args.pref_batch_size < 1:
         raise UsageError("--offline-steps and --pref-batch-size must be >= 1")
     if args.beta is not None and args.beta <= 0:
@@ -154,7 +161,10 @@ def main(args: argparse.Namespace, command: str) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     metrics = out / "metrics.jsonl"
-    metrics.unlink(missing_ok=True)
+    ckpt = train_cli._checkpoint_config(args, args.preset)
+    resume = args.resume and ckpt is not None and CheckpointManager(ckpt).resolve() is not None
+    if not resume:
+        metrics.unlink(missing_ok=True)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -172,16 +182,22 @@ def main(args: argparse.Namespace, command: str) -> int:
     console = train_cli.build_console_logger(args.logger)
     logger = TeeLogger(JSONLLogger(metrics, extra={"phase": args.preset}), console)
     try:
-        records = OfflineTrainer(model, objective, examples, cfg, logger).train()
+        trainer = OfflineTrainer(model, objective, examples, cfg, logger, checkpoint_config=ckpt,
+                                 resume_from="latest" if resume else None)
+        if resume:  # the records of steps after the checkpoint are trained again
+            kept = [r for r in read_jsonl(metrics) if r["step"] <= trainer.step_idx] if metrics.exists() else []
+            metrics.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+            print(f"ludic-fast {command}: resumed at step {trainer.step_idx}", flush=True)
+        trainer.train()
     finally:
         if console is not None and hasattr(console, "close"):
             console.close()
+    records = read_jsonl(metrics)
     save_trained(out / "model", model, tok, objective)
     summary = summarize(records, METRIC[args.preset])
-    summary["wall_time_s"] = time.perf_counter() - t0
+    summary.update(wall_time_s=time.perf_counter() - t0, skipped_steps=trainer.skipped_steps)
     if not args.no_plot and importlib.util.find_spec("matplotlib") is not None:
-        recs = [{"step": i + 1, "phase": args.preset, **r} for i, r in enumerate(records)]
-        summary["png"] = str(plot_curves(recs, out / "curves.png", reward_key=METRIC[args.preset],
+        summary["png"] = str(plot_curves(records, out / "curves.png", reward_key=METRIC[args.preset],
                                          title=f"ludic-fast train: {args.preset}", no_reward_phases=()))
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     print(f"\n{args.preset}: {summary['metric']} first-{summary['n']} mean {summary['first']:.4f}, last-"

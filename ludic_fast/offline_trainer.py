@@ -3,7 +3,14 @@
 One step: take `batch_size` examples (shuffled, cycling), split them into micro-batches of
 `micro_batch_size`, and per micro-batch k of n_k examples back-propagate `loss_k · n_k / n` (the gradient
 of the mean over the step's examples); clip the gradient norm; AdamW. Records carry `train/<stat>` (the
-n_k-weighted mean of each micro-batch stat), `train/grad_norm` and `train/lr`.
+n_k-weighted mean of each micro-batch stat), `train/grad_norm`, `train/lr` and `train/step_skipped`: a step whose
+loss or gradient norm is not finite is skipped (no optimizer update, weights and optimizer state untouched;
+counted in `skipped_steps`), as in the RL `Trainer`.
+
+Checkpoints (`checkpoint_config`, `ludic_fast.checkpoint`: atomic safetensors + JSON): the model, the optimizer,
+the objective's own state (the reward value head; the distillation sampler's RNG), the example order and its
+RNG, torch's RNG and the step; `resume_from` continues a run exactly where the checkpoint left it. The
+reference model and the teacher are frozen and not saved: the caller rebuilds them as for the first run.
 
 Objectives (`Objective`): how examples are collated and how a micro-batch's loss is computed.
 - `PreferenceObjective(loss_fn, ref_model)`: DPO / IPO / SimPO / ORPO on pairs, KTO on KTO examples; the
@@ -21,6 +28,7 @@ hidden states and head weight, fp32 master weights); models are transformers cau
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +37,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
 from ludic_fast.integrations.packing import resolve_packed_attention
 from ludic_fast.integrations.transformers import final_hidden_states, lm_head
 from ludic_fast.ops import linear_logprobs
@@ -84,6 +93,10 @@ class Objective(Protocol):
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor], cfg: OfflineConfig) -> tuple[Tensor, dict[str, Any]]: ...
 
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
 
 def _hidden(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     """Final hidden states of a padded batch, or of a packed one through the model's exact packed-attention
@@ -130,6 +143,23 @@ class _Base:
 
     def prepare(self, model: nn.Module, examples: list[Any]) -> list[Any]:
         return examples
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready state a resumed run needs (tensors of trainable objective parameters are saved apart)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+
+def _rng_state(rng: random.Random) -> list[Any]:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _set_rng_state(rng: random.Random, state: list[Any]) -> None:
+    version, internal, gauss = state
+    rng.setstate((version, tuple(internal), gauss))
 
 
 @dataclass
@@ -227,6 +257,13 @@ class DistillObjective(_Base):
         model.train(was_training)
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": _rng_state(self._rng)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "rng" in state:
+            _set_rng_state(self._rng, state["rng"])
+
     def collate(self, examples, cfg):
         prompts, completions = zip(*examples)
         return collate_completions(prompts, completions, layout=cfg.layout, pad_token_id=cfg.pad_token_id,
@@ -252,12 +289,16 @@ class DistillObjective(_Base):
 
 
 class OfflineTrainer:
-    """The loop of the module docstring; `train()` returns the per-step records (and logs them)."""
+    """The loop of the module docstring; `train()` runs the steps left up to `cfg.steps` and returns their
+    records (and logs them). resume_from: a step (int or digit string), a checkpoint path, or "latest"."""
 
     def __init__(self, model: nn.Module, objective: Objective, examples: Sequence[Any], cfg: OfflineConfig,
-                 logger: Any = None):
+                 logger: Any = None, checkpoint_config: CheckpointConfig | None = None,
+                 resume_from: int | str | None = None):
         if not examples:
             raise ValueError("examples must not be empty")
+        if resume_from is not None and checkpoint_config is None:
+            raise ValueError("resume_from needs a checkpoint_config")
         self.model, self.objective, self.examples, self.cfg, self.logger = model, objective, list(examples), cfg, logger
         params = [p for p in model.parameters() if p.requires_grad] + objective.parameters()
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -265,6 +306,10 @@ class OfflineTrainer:
         self._rng = random.Random(cfg.seed)
         self._order: list[int] = []
         self.step_idx = 0
+        self.skipped_steps = 0
+        self.checkpointer = None if checkpoint_config is None else CheckpointManager(checkpoint_config)
+        if resume_from is not None:
+            self.resume(resume_from)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         dt = self.cfg.amp_dtype
@@ -284,30 +329,82 @@ class OfflineTrainer:
         examples = self.objective.prepare(self.model, self._next_examples())
         n, m = len(examples), self.cfg.micro_batch_size
         totals: dict[str, float] = {}
+        total_loss = 0.0
         for k in range(0, n, m):
             chunk = examples[k:k + m]
             batch = self.objective.collate(chunk, self.cfg)
             with self._autocast():
                 loss, stats = self.objective.loss(self.model, batch, self.cfg)
             (loss * (len(chunk) / n)).backward()
+            total_loss += float(loss.detach()) * len(chunk) / n
             for key, v in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(v) * len(chunk) / n
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-        self.opt.step()
+        finite = math.isfinite(total_loss) and bool(torch.isfinite(norm))
+        if finite:
+            self.opt.step()
+        else:
+            self.skipped_steps += 1
         self.opt.zero_grad(set_to_none=True)
         self.step_idx += 1
         record = {f"train/{k}": v for k, v in totals.items()}
-        record.update({"train/grad_norm": float(norm), "train/lr": self.cfg.lr})
+        record.update({"train/grad_norm": float(norm), "train/lr": self.cfg.lr,
+                       "train/step_skipped": 0.0 if finite else 1.0})
+        if self.checkpointer is not None and self.checkpointer.cfg.every_n_steps > 0:
+            if self.step_idx % self.checkpointer.cfg.every_n_steps == 0:
+                self.save_checkpoint()
         return record
 
     def train(self) -> list[dict[str, float]]:
         records = []
-        for _ in range(self.cfg.steps):
+        while self.step_idx < self.cfg.steps:
             rec = self.step()
             records.append(rec)
             if self.logger is not None:
                 self.logger.log(self.step_idx, rec)
         return records
+
+    # ---------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Any:
+        """Write a checkpoint of the current step (module docstring: what it holds)."""
+        if self.checkpointer is None:
+            raise ValueError("save_checkpoint needs a checkpoint_config")
+        meta = {"skipped_steps": self.skipped_steps, "order": list(self._order), "rng": _rng_state(self._rng),
+                "objective": self.objective.state_dict()}
+        tensors = {"rng.torch_cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            tensors["rng.torch_cuda"] = torch.cuda.get_rng_state()
+        tensors.update({f"objective.{i}": p.detach() for i, p in enumerate(self.objective.parameters())})
+        return self.checkpointer.save(self.model, self.opt, step=self.step_idx, metadata=meta, tensors=tensors)
+
+    def resume(self, resume_from: int | str) -> dict[str, Any]:
+        """Load a checkpoint (an int / digit string: a step; "latest": the newest; else a directory) and
+        restore everything `save_checkpoint` wrote; returns its trainer state."""
+        if self.checkpointer is None:
+            raise ValueError("resume needs a checkpoint_config")
+        step = path = None
+        if isinstance(resume_from, int) or (isinstance(resume_from, str) and resume_from.isdigit()):
+            step = int(resume_from)
+        elif resume_from != "latest":
+            path = resume_from
+        state = self.checkpointer.load(self.model, self.opt, step=step, path=path)
+        tensors = state.get("tensors", {})
+        with torch.no_grad():
+            for i, p in enumerate(self.objective.parameters()):
+                if f"objective.{i}" in tensors:
+                    p.copy_(tensors[f"objective.{i}"])
+        self.step_idx = int(state["step"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        if "order" in state:
+            self._order = [int(i) for i in state["order"]]
+        if "rng" in state:
+            _set_rng_state(self._rng, state["rng"])
+        self.objective.load_state_dict(state.get("objective", {}))
+        if "rng.torch_cpu" in tensors:
+            torch.set_rng_state(tensors["rng.torch_cpu"])
+        if "rng.torch_cuda" in tensors and torch.cuda.is_available():
+            torch.cuda.set_rng_state(tensors["rng.torch_cuda"])
+        return state
 
 
 __all__ = ["OfflineConfig", "OfflineTrainer", "PreferenceObjective", "RewardObjective", "DistillObjective",

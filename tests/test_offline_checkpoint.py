@@ -1,0 +1,249 @@
+"""OfflineTrainer checkpoints: kill -9 in the middle of a checkpoint write, then resume, equals an uninterrupted
+run (separate processes, CPU, deterministic); in-process resume of the reward and on-policy distillation
+objectives (their own state: value head, sampler RNG) equals an uninterrupted run; a non-finite loss skips the
+step with weights and optimizer state untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from ludic_fast.checkpoint import CheckpointConfig
+from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
+from ludic_fast.offline_trainer import (
+    DistillObjective,
+    OfflineConfig,
+    OfflineTrainer,
+    PreferenceObjective,
+    RewardObjective,
+)
+from ludic_fast.preference import SimPOLoss
+from ludic_fast.preference_data import embedded_rows, encode_rows
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    import torch
+    torch.set_num_threads(1)
+    from ludic_fast import checkpoint
+    from ludic_fast.checkpoint import CheckpointConfig
+    from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
+    from ludic_fast.offline_trainer import OfflineConfig, OfflineTrainer, PreferenceObjective
+    from ludic_fast.preference import DPOLoss
+    from ludic_fast.preference_data import embedded_rows, encode_rows
+
+    out, mode, steps, crash_step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    tok = build_char_tokenizer()
+    kw = dict(seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+              num_key_value_heads=2)
+    model, ref = build_tiny_model(len(tok), **kw), build_tiny_model(len(tok), **kw).requires_grad_(False)
+    examples = encode_rows(embedded_rows("pairs", 10), "pairs", tok, chat_template=False)
+    cfg = OfflineConfig(steps=steps, batch_size=4, micro_batch_size=2, lr=3e-3)  # the order spans steps
+    if mode == "crash":
+        real_save_file = checkpoint.save_file
+
+        def slow_save_file(tensors, path, *a, **k):
+            if f"{crash_step:06d}" in str(path):  # the optimizer file of the doomed checkpoint
+                with open(path, "wb") as f:
+                    f.write(b"partial")
+                    f.flush()
+                print("WRITING", flush=True)
+                time.sleep(120)
+            return real_save_file(tensors, path, *a, **k)
+
+        checkpoint.save_file = slow_save_file
+
+    class Log:
+        def log(self, step, rec):
+            print("STEP " + json.dumps({"step": step, "loss": rec["train/loss"],
+                                        "margin": rec["train/rewards_margin"]}), flush=True)
+
+    trainer = OfflineTrainer(model, PreferenceObjective(DPOLoss(), ref), examples, cfg, Log(),
+                             checkpoint_config=CheckpointConfig(out, every_n_steps=1, max_to_keep=2),
+                             resume_from="latest" if mode == "resume" else None)
+    start = trainer.step_idx
+    trainer.train()
+    weights = sum(float(p.double().sum()) for p in model.parameters())
+    print("FINAL " + json.dumps({"start": start, "weights": weights}), flush=True)
+    """
+)
+
+
+def _env() -> dict:
+    root = Path(__file__).resolve().parents[1]
+    return {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+
+
+def _run(script: Path, *args: str) -> list[str]:
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.splitlines()
+
+
+def _parse(lines: list[str]) -> tuple[dict[int, dict], dict]:
+    steps, final = {}, {}
+    for line in lines:
+        if line.startswith("STEP "):
+            rec = json.loads(line[5:])
+            steps[rec["step"]] = rec
+        elif line.startswith("FINAL "):
+            final = json.loads(line[6:])
+    return steps, final
+
+
+def test_kill_during_checkpoint_write_then_resume(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    total, crash = 5, 3
+    full_steps, full_final = _parse(_run(script, str(tmp_path / "full"), "full", str(total), "0"))
+    assert sorted(full_steps) == [1, 2, 3, 4, 5]
+
+    run_dir = tmp_path / "crashed"
+    proc = subprocess.Popen([sys.executable, str(script), str(run_dir), "crash", str(total), str(crash)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    crashed_lines = []
+    deadline = time.monotonic() + 300
+    try:
+        for line in proc.stdout:
+            crashed_lines.append(line.rstrip("\n"))
+            if line.startswith("WRITING"):
+                os.kill(proc.pid, signal.SIGKILL)  # kill -9 mid-write
+                break
+            assert time.monotonic() < deadline, "child never reached the checkpoint write"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert any(line.startswith("WRITING") for line in crashed_lines), proc.stderr.read()[-3000:]
+    crashed_steps, _ = _parse(crashed_lines)
+    assert sorted(crashed_steps) == [1, 2]  # step 3 trained, then died while checkpointing (before its log)
+    assert [crashed_steps[s] for s in (1, 2)] == [full_steps[s] for s in (1, 2)]
+    assert list(run_dir.glob(".tmp-step_*"))  # the interrupted write left only a hidden temp dir
+    assert json.loads((run_dir / "latest.json").read_text())["step"] == crash - 1
+
+    resumed_steps, resumed_final = _parse(_run(script, str(run_dir), "resume", str(total), "0"))
+    assert resumed_final["start"] == crash - 1  # the previous checkpoint loaded
+    assert sorted(resumed_steps) == [3, 4, 5]
+    for s in (3, 4, 5):
+        assert resumed_steps[s] == full_steps[s]
+    assert resumed_final["weights"] == full_final["weights"]
+
+
+def _tiny(tok, seed=0, hidden=32):
+    return build_tiny_model(len(tok), seed=seed, hidden_size=hidden, intermediate_size=2 * hidden,
+                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+
+
+def _objective(kind: str, tok):
+    if kind == "reward":
+        torch.manual_seed(3)
+        return RewardObjective(torch.nn.Linear(32, 1)), encode_rows(embedded_rows("pairs", 6), "pairs", tok,
+                                                                      chat_template=False)
+    teacher = _tiny(tok, seed=1, hidden=48).requires_grad_(False)
+    examples = encode_rows(embedded_rows("completions", 6), "completions", tok, chat_template=False)
+    return DistillObjective(teacher, kind="jsd", on_policy_fraction=0.5, max_new_tokens=2,
+                            eos_token_id=tok.eos_token_id), examples
+
+
+@pytest.mark.parametrize("kind", ["reward", "distill"])
+def test_resume_restores_objective_state(tmp_path, kind):
+    tok = build_char_tokenizer()
+    cfg = OfflineConfig(steps=4, batch_size=4, micro_batch_size=4, lr=3e-3)
+
+    def run(resume: bool, ckpt_dir):
+        torch.manual_seed(0)
+        model = _tiny(tok)
+        objective, examples = _objective(kind, tok)
+        trainer = OfflineTrainer(model, objective, examples, cfg,
+                                 checkpoint_config=CheckpointConfig(str(ckpt_dir), every_n_steps=2),
+                                 resume_from=2 if resume else None)
+        return trainer.train(), model, objective
+
+    full, full_model, full_obj = run(False, tmp_path / "a")
+    resumed, model, obj = run(True, tmp_path / "a")  # from step 2 of the run above
+    assert len(resumed) == 2
+    assert [r["train/loss"] for r in resumed] == [r["train/loss"] for r in full[2:]]
+    for p, q in zip(list(full_model.parameters()) + full_obj.parameters(),
+                    list(model.parameters()) + obj.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_resume_needs_a_checkpoint_config():
+    tok = build_char_tokenizer()
+    examples = encode_rows(embedded_rows("pairs", 2), "pairs", tok, chat_template=False)
+    with pytest.raises(ValueError, match="resume_from"):
+        OfflineTrainer(_tiny(tok), PreferenceObjective(SimPOLoss()), examples, OfflineConfig(), resume_from="latest")
+
+
+@dataclass
+class _NaNAt:
+    """A SimPO objective whose loss is NaN at the given (1-based) steps."""
+
+    inner: PreferenceObjective
+    bad_steps: tuple[int, ...]
+    calls: int = 0
+
+    def parameters(self):
+        return []
+
+    def prepare(self, model, examples):
+        return examples
+
+    def collate(self, examples, cfg):
+        return self.inner.collate(examples, cfg)
+
+    def loss(self, model, batch, cfg):
+        self.calls += 1
+        loss, stats = self.inner.loss(model, batch, cfg)
+        return (loss * float("nan") if self.calls in self.bad_steps else loss), stats
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def test_non_finite_loss_skips_the_step():
+    tok = build_char_tokenizer()
+    model = _tiny(tok)
+    examples = encode_rows(embedded_rows("pairs", 4), "pairs", tok, chat_template=False)
+    trainer = OfflineTrainer(model, _NaNAt(PreferenceObjective(SimPOLoss()), (2,)), examples,
+                             OfflineConfig(steps=3, batch_size=4, micro_batch_size=4, lr=1e-2))
+    first = trainer.step()
+    weights = [p.detach().clone() for p in model.parameters()]
+    moments = {k: {n: v.clone() for n, v in s.items()} for k, s in trainer.opt.state.items()}
+    skipped = trainer.step()
+    assert first["train/step_skipped"] == 0.0 and skipped["train/step_skipped"] == 1.0
+    assert trainer.skipped_steps == 1 and trainer.step_idx == 2
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
+    for k, s in trainer.opt.state.items():
+        assert all(torch.equal(v, moments[k][n]) for n, v in s.items())
+    assert all(p.grad is None for p in model.parameters())  # the NaN gradient is not carried over
+    third = trainer.step()
+    assert third["train/step_skipped"] == 0.0
+    assert any(not torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
+
+
+def test_cli_resume_continues_the_run(tmp_path, capsys):
+    from ludic_fast.train_cli import main
+
+    out = tmp_path / "run"
+    base = ["train", "--preset", "simpo", "--pref-batch-size", "4", "--logger", "none", "--no-plot", "--device", "cpu",
+            "--output-dir", str(out), "--checkpoint-every", "2"]
+    assert main([*base, "--offline-steps", "3"]) == 0
+    assert (out / "simpo" / "step_000002" / "model.safetensors").is_file()
+    assert main([*base, "--offline-steps", "5", "--resume"]) == 0
+    assert "resumed at step 2" in capsys.readouterr().out
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5]  # step 3 of the first run is dropped and trained again
+    assert json.loads((out / "summary.json").read_text())["skipped_steps"] == 0
