@@ -12,7 +12,8 @@ auto: bf16 on CUDA, fp32 elsewhere.
 
 `--attn`: the attention implementation the model is built with. auto: flash_attention_2 on CUDA when
 flash-attn is installed, else sdpa. With `--layout packed` the trainer keeps packed sequences apart on each
-of them (`integrations.packing`).
+of them (`integrations.packing`); on CUDA it moves an eager / sdpa model to flash_attention_2 (when installed
+and the compute is bf16/fp16) or else flex_attention, whose kernels skip the masked blocks.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
                    help="attention implementation (default auto: flash_attention_2 on CUDA with flash-attn "
                         "installed, else sdpa)")
     g.add_argument("--layout", default="padded", choices=["padded", "packed"],
-                   help="micro-batch layout; packed: no padding, sequences kept apart on every --attn")
+                   help="micro-batch layout; packed: no padding, sequences kept apart on every --attn "
+                        "(on CUDA eager/sdpa move to flash_attention_2 or flex_attention)")
     g.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"],
                    help="fused head backend (auto: triton on CUDA, torch on CPU)")
     g.add_argument("--body-kernels", action=argparse.BooleanOptionalAction, default=None,

@@ -51,12 +51,17 @@ def test_no_pointers_outside_the_project(path):
 
 def test_cli_help_stands_on_its_own_and_readme_presets_match():
     from ludic_fast import train_cli
+    from ludic_fast.offline_cli import OFFLINE_PRESETS
 
     text = train_cli.build_parser("ludic-fast train").format_help()
     assert not FORBIDDEN.search(text)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     listed = re.search(r"ludic-fast train --preset \{([^}]*)\}", readme).group(1).split(",")
     assert sorted(listed) == sorted(train_cli.PRESETS)
+    preference = (ROOT / "docs" / "preference.md").read_text(encoding="utf-8")
+    for text in (readme, preference):
+        offline = re.search(r"--preset ((?:\w+\|)+\w+)", text).group(1).split("|")
+        assert sorted(offline) == sorted(OFFLINE_PRESETS)
 
 
 def test_api_reference_generator_covers_its_modules():
