@@ -17,27 +17,21 @@ Builders:
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from ludic_fast.batching import saw_item_from_step
 from ludic_fast.filters import apply_filter
+from ludic_fast.jsonl import read_jsonl
 from ludic_fast.types import CreditAssigner, Rollout, SampleFilter, SAWBatch, SAWItem
 
 
 def _read_jsonl(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    rows = []
-    for p in paths:
-        for line in Path(p).read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows
+    return [obj for p in paths for _, obj in read_jsonl(p)]
 
 
 def _template_ids(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:

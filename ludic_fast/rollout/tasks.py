@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic_fast.embedded import AdditionTask
+from ludic_fast.jsonl import read_jsonl
 from ludic_fast.rollout.rewards import RewardFn, get_reward
 
 
@@ -68,21 +68,15 @@ class PromptAnswerTask:
 
         def read(p: str | os.PathLike[str]) -> list[dict[str, Any]]:
             rows = []
-            for n, line in enumerate(Path(p).read_text(encoding="utf-8").splitlines()):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{p}:{n + 1}: not a JSON object ({exc.msg} at column {exc.colno})") from None
-                if not isinstance(obj, dict) or prompt_key not in obj or answer_key not in obj:
-                    raise ValueError(f"{p}:{n + 1}: missing {prompt_key!r} or {answer_key!r}")
+            for n, obj in read_jsonl(p):
+                if prompt_key not in obj or answer_key not in obj:
+                    raise ValueError(f"{p}:{n}: missing {prompt_key!r} or {answer_key!r}")
                 rows.append(
                     {
-                        "id": str(obj.get("id", f"{Path(p).stem}-{n}")),
+                        "id": str(obj.get("id", f"{Path(p).stem}-{n - 1}")),
                         "prompt": str(obj[prompt_key]),
                         "answer": str(obj[answer_key]),
-                        "source": f"{p}:{n + 1}",
+                        "source": f"{p}:{n}",
                     }
                 )
             if not rows:
