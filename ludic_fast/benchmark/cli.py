@@ -1,7 +1,8 @@
 """`ludic-fast bench`: time and memory of the head and losses, ours vs reference vs peers vs the GEMM floor.
 
     ludic-fast bench --preset key --out bench/results          # the key CPU table (N=2048, Qwen2.5-0.5B head)
-    ludic-fast bench --preset cpu --out bench/results          # + N sweep, V sweep, D=2048 V=32000, every workload
+    ludic-fast bench --preset cpu --out bench/results          # + N sweep, V sweep, D=2048 V=32000, head/SFT/RL
+    ludic-fast bench --preset preference --device cpu          # dpo, orpo, jsd at N=2048 D=896 V=151936, CPU
     ludic-fast bench --preset gpu-key                          # GPU: the anchor shape (-> bench/results/gpu/key)
     ludic-fast bench --preset gpu                              # GPU: six shapes, head + CISPO + SFT (-> .../gpu/full)
     ludic-fast bench --workloads head,cispo --n 512,1024 --d 896 --v 151936 --impls ours-fused,reference
@@ -33,6 +34,8 @@ QWEN_D, QWEN_V = 896, 151936  # Qwen2.5-0.5B head
 _CPU_IMPLS = ("ours-fused", "ours-generic", "reference", "liger", "trl", "verl", "gemm-fwd+bwd", "gemm-fwd")
 _GPU_IMPLS = ("ours-fused", "ours-generic", "ours-triton-fused", "ours-triton-workspace", "ours-torch", "reference",
               "liger", "trl", "verl", "torch-lce", "cce", "gemm-fwd+bwd", "gemm-fwd")
+#: the head op, SFT and the RL losses (the preference and distillation workloads have their own preset)
+_RL_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.kind in ("head", "ce", "rl"))
 #: (N, D, V): the anchor (Qwen2.5-7B-like head), Qwen2.5-0.5B's head at 16k tokens, Llama-3-8B's at 32k,
 #: and the anchor's D, V at small N (where one token tile decides the strategy)
 GPU_ANCHOR = (8192, 4096, 151936)
@@ -51,9 +54,16 @@ PRESETS: dict[str, dict] = {
         "shapes": [(n, QWEN_D, QWEN_V) for n in (512, 1024, 2048, 4096)]
         + [(1024, QWEN_D, v) for v in (32000, 65536)]
         + [(2048, 2048, 32000)],
-        "workloads": tuple(WORKLOADS),
+        "workloads": _RL_WORKLOADS,
         "impls": _CPU_IMPLS,
         "dtype": "float32",
+    },
+    "preference": {
+        "shapes": [(2048, QWEN_D, QWEN_V)],
+        "workloads": ("dpo", "orpo", "jsd"),
+        "impls": ("ours-fused", "ours-generic", "reference", "liger", "trl", "gemm-fwd+bwd"),
+        "dtype": "float32",
+        "out": "bench/results/preference",
     },
     "gpu": {"shapes": _GPU_SHAPES, "workloads": ("head", "cispo", "sft"), "impls": _GPU_IMPLS,
             "out": "bench/results/gpu/full", **_GPU_RUNS},

@@ -11,8 +11,15 @@ verl, torch's and Apple's linear cross-entropy), "floor" (bare GEMMs: 2NDV forwa
 GEMM and the two gradient GEMMs — the physical limit of any head fwd+bwd).
 
 Rows: every implementation scores the rows the workload needs where its API allows (`Impl.rows`): ours
-and TRL the action positions of an RL batch; Liger's GRPO loss takes the [B, T-1] batch and scores every
-position; the reference materialises logits for all B*T positions.
+and TRL the action positions of an RL batch; Liger's GRPO and preference losses take the [B, T-1] batch and
+score every position; the reference materialises logits for all B*T positions.
+
+Preference pairs (dpo, orpo): ours through `ludic_fast.losses` on the pair batch; Liger's chunked
+`LigerFusedLinearDPOLoss` / `LigerFusedLinearORPOLoss` (chunk_size 1: one pair per chunk) on the same rows
+reordered as Liger wants them ([chosen; rejected]), prompt tokens as ignore_index. Distillation (jsd): ours
+`ludic_fast.linear_divergence`; Liger's chunked `LigerFusedLinearJSDLoss`; TRL's
+`trl.kernels.chunked_divergence.ChunkedDivergenceFunction` (its token mean); the reference
+`ludic_fast.reference.linear_divergence` (both [N, V] logits materialised).
 """
 
 from __future__ import annotations
@@ -68,8 +75,8 @@ class Impl:
         """Rows this implementation pushes through the head for `workload` at `shape`."""
         if not workload.is_loss or self.rows == "scored":
             return workload.scored_rows(shape)
-        per_seq = shape.seq_tokens - (1 if self.rows == "shifted" else 0)
-        return shape.batch_size * per_seq
+        b, t = workload.layout(shape)
+        return b * (t - (1 if self.rows == "shifted" else 0))
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -102,11 +109,14 @@ def _every(workload: Workload) -> str | None:
 def _liger_covers(workload: Workload) -> str | None:
     if workload.kind == "head":
         return "no entropy output"
-    return None if (workload.kind == "ce" or workload.grpo_args is not None) else f"no {workload.name} loss"
+    covered = workload.kind == "ce" or workload.grpo_args is not None or workload.liger_loss is not None
+    return None if covered else f"no {workload.name} loss"
 
 
 def _trl_covers(workload: Workload) -> str | None:
-    return None if (not workload.is_loss or workload.grpo_args is not None) else f"no {workload.name} loss"
+    if workload.kind == "pair":
+        return f"no chunked {workload.name} loss"
+    return None if (workload.kind != "rl" or workload.grpo_args is not None) else f"no {workload.name} loss"
 
 
 @contextlib.contextmanager
@@ -132,8 +142,17 @@ def _build_ours(backend: str, fused: bool, strategy: str | None = None) -> Build
     `loss_fn(batch, hidden=, weight=, fused=fused, backend=backend)`. `strategy` forces the triton one."""
 
     def build(workload: Workload, inp: Inputs) -> Step:
-        from ludic_fast import linear_cross_entropy, linear_logprobs
+        from ludic_fast import linear_cross_entropy, linear_divergence, linear_logprobs
 
+        if workload.kind == "distill":
+            h_t, w_t = inp.teacher
+
+            def distill_step() -> dict[str, Tensor]:
+                loss = linear_divergence(inp.hidden, inp.weight, h_t, w_t, backend=backend, **workload.loss_kwargs)
+                loss.backward()
+                return _outputs(loss=loss)
+
+            return distill_step
         if workload.is_loss:
             loss_fn = _loss_class("ludic_fast.losses", workload.ours_loss)(**workload.loss_kwargs)
 
@@ -171,12 +190,16 @@ def _loss_class(module: str, name: str):
 
 
 def _ours_covers(workload: Workload) -> str | None:
+    if workload.kind == "distill":
+        return "linear_divergence has one mode (see ours-fused)"
     if workload.is_loss and not hasattr(importlib.import_module("ludic_fast.losses"), workload.ours_loss):
         return f"ludic_fast.losses has no {workload.ours_loss}"
     return None
 
 
 def _ours_fused_covers(workload: Workload) -> str | None:
+    if workload.kind == "distill":
+        return None
     if not workload.is_loss:
         return f"the {workload.name} workload is linear_logprobs / linear_cross_entropy (see ours-generic)"
     return _ours_covers(workload)
@@ -211,6 +234,15 @@ def _build_reference(workload: Workload, inp: Inputs) -> Step:
             return _outputs(loss=loss)
 
         return ce_step
+    if workload.kind == "distill":
+        h_t, w_t = inp.teacher
+
+        def distill_step() -> dict[str, Tensor]:
+            loss = reference.linear_divergence(inp.hidden, inp.weight, h_t, w_t, **workload.loss_kwargs)
+            loss.backward()
+            return _outputs(loss=loss)
+
+        return distill_step
     loss_fn = reference_loss(workload)
 
     def loss_step() -> dict[str, Tensor]:
@@ -238,6 +270,8 @@ def _build_liger(workload: Workload, inp: Inputs) -> Step:
             return _outputs(loss=loss)
 
         return ce_step
+    if workload.liger_loss is not None:
+        return _build_liger_chunked(workload, inp, compiled)
     from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 
     loss_fn = LigerFusedLinearGRPOLoss(beta=0.0, use_ref_model=False, compiled=compiled, **workload.grpo_args)
@@ -246,6 +280,38 @@ def _build_liger(workload: Workload, inp: Inputs) -> Step:
 
     def step() -> dict[str, Tensor]:
         loss, _ = loss_fn(h, inp.weight, y, mask, inp.batch["weight"], old_per_token_logps=old)
+        loss.backward()
+        return _outputs(loss=loss)
+
+    return step
+
+
+def _build_liger_chunked(workload: Workload, inp: Inputs, compiled: bool) -> Step:
+    """Liger's chunked preference loss (one pair per chunk) on [chosen; rejected] rows of the [B, T-1] batch,
+    prompt positions ignore_index; or its chunked JSD on the distillation rows."""
+    import liger_kernel.chunked_loss as chunked
+
+    cls = getattr(chunked, workload.liger_loss)
+    if workload.kind == "distill":
+        loss_fn = cls(compiled=compiled, **workload.liger_kwargs)
+        h_t, w_t = inp.teacher
+        labels = torch.zeros(inp.hidden.shape[0], dtype=torch.long, device=inp.hidden.device)  # no hard loss
+
+        def distill_step() -> dict[str, Tensor]:
+            loss = loss_fn(inp.hidden, inp.weight, h_t, w_t, labels)
+            loss.backward()
+            return _outputs(loss=loss)
+
+        return distill_step
+    loss_fn = cls(compiled=compiled, chunk_size=1, **workload.liger_kwargs)
+    b = inp.hidden.shape[0]
+    order = torch.cat([torch.arange(0, b, 2), torch.arange(1, b, 2)]).to(inp.hidden.device)
+    _, y, mask = _shifted(inp)
+    target = torch.where(mask > 0, y, -100)[order]
+
+    def step() -> dict[str, Tensor]:
+        out = loss_fn(inp.weight, inp.hidden[:, :-1][order], target)
+        loss = out[0] if isinstance(out, tuple) else out
         loss.backward()
         return _outputs(loss=loss)
 
@@ -272,9 +338,23 @@ def trl_policy_loss(lp: Tensor, batch: dict[str, Tensor], args: dict) -> Tensor:
 
 
 def _build_trl(workload: Workload, inp: Inputs) -> Step:
-    """`ChunkedLogProbFunction` (TRL's head): the head op with entropy; SFT as -mean logprob; the GRPO
-    family on the action rows only (gathered inside the step, as ours selects them inside its call), its
-    logprobs scattered back to [B, T-1] for TRL's loss math."""
+    """`ChunkedLogProbFunction` (TRL's head): the head op with entropy; SFT as -mean logprob; jsd through
+    TRL's `ChunkedDivergenceFunction` (per-token divergences, their mean); the GRPO family on the action rows
+    only (gathered inside the step, as ours selects them inside its call), its logprobs scattered back to
+    [B, T-1] for TRL's loss math."""
+    if workload.kind == "distill":
+        from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
+
+        h_t, w_t = inp.teacher
+        beta, temperature = workload.loss_kwargs["beta"], workload.loss_kwargs.get("temperature", 1.0)
+
+        def distill_step() -> dict[str, Tensor]:
+            loss = ChunkedDivergenceFunction.apply(inp.hidden, inp.weight, None, h_t, w_t, None, beta,
+                                                   temperature)[0].mean()
+            loss.backward()
+            return _outputs(loss=loss)
+
+        return distill_step
     from trl.kernels import ChunkedLogProbFunction
 
     def head(h: Tensor, y: Tensor, outputs: tuple[str, ...] = ("entropy",)) -> tuple[Tensor, Tensor]:
@@ -431,15 +511,17 @@ FLOOR = "gemm-fwd+bwd"
 
 #: Modules the builders import. The worker imports every installed one before measuring, so each process
 #: carries the same runtime and peak-RSS figures compare the implementations, not their imports.
-PRELOAD = ("ludic_fast.losses", "liger_kernel.chunked_loss", "liger_kernel.transformers", "trl.kernels",
-           "trl.trainer.utils", "verl.utils.experimental.torch_functional", "cut_cross_entropy")
+PRELOAD = ("ludic_fast.losses", "ludic_fast.preference", "liger_kernel.chunked_loss", "liger_kernel.transformers",
+           "trl.kernels", "trl.kernels.chunked_divergence", "trl.trainer.utils",
+           "verl.utils.experimental.torch_functional", "cut_cross_entropy")
 
 
 def preload() -> None:
     """Import every installed module of `PRELOAD`."""
     for mod in PRELOAD:
         if importlib.util.find_spec(mod.split(".")[0]) is not None:
-            importlib.import_module(mod)
+            with contextlib.suppress(ModuleNotFoundError):  # an older peer without that module
+                importlib.import_module(mod)
 
 
 def get_impl(name: str) -> Impl:

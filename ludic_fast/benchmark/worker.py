@@ -96,6 +96,11 @@ def _reference64(workload: Workload, sub: Inputs) -> tuple[dict[str, Tensor], Te
 
     h = sub.hidden.detach().double().requires_grad_()
     w = sub.weight.detach().double().requires_grad_()
+    if workload.kind == "distill":
+        h_t, w_t = (t.detach().double() for t in sub.teacher)
+        loss = reference.linear_divergence(h, w, h_t, w_t, **workload.loss_kwargs)
+        loss.backward()
+        return {"loss": loss.detach()}, h.grad, w.grad
     if workload.is_loss or workload.kind == "ce":
         logits = F.linear(h, w)
         if workload.kind == "ce":
@@ -116,7 +121,8 @@ def _max_abs(a: Tensor, b: Tensor) -> float:
 def check_errors(impl_name: str, workload: Workload, inp: Inputs, check_tokens: int, device: str) -> dict[str, Any]:
     """Max |impl - float64 reference| of every output the implementation has, on a sub-sample."""
     if workload.is_loss:
-        sub = inp.sequences(max(1, -(-check_tokens // inp.hidden.shape[1]))).fresh()
+        k = max(1, -(-check_tokens // inp.hidden.shape[1]))
+        sub = inp.sequences(k + k % 2 if workload.kind == "pair" else k).fresh()  # pairs stay whole
     else:
         sub = inp.head_rows(check_tokens).fresh()
     step = get_impl(impl_name).build(workload, sub)

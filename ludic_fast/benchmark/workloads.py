@@ -2,10 +2,13 @@
 
 A workload is one of the head op (per-token logprob + entropy with fixed random upstream gradients,
 objective `sum_t g_lp[t] logprob_t + g_H[t] H_t`), the SFT cross-entropy (mean over tokens of -log p(y_t),
-on the same [N, D] rows), or an RL policy loss in Ludic's batch layout (position t of `hidden` scores token
-t+1; only action positions are scored). Every implementation of a workload computes the same numbers: the batch is
-built so that the peers' normalisers (Liger's and TRL's token mean over the batch) equal Ludic's
-(every sequence has the same number of action tokens).
+on the same [N, D] rows), an RL policy loss in Ludic's batch layout (position t of `hidden` scores token
+t+1; only action positions are scored), a preference loss on pairs in the same layout (kind "pair": an even
+number of sequences, 2i chosen and 2i+1 rejected; reference-model log-probs 0, as Liger's
+`use_ref_model=False`), or a distillation divergence (kind "distill": N student rows [N, D] against N teacher
+rows of a second head [V, D], no [N, V] logits kept). Every implementation of a workload computes the same
+numbers: the batch is built so that the peers' normalisers (Liger's and TRL's token mean over the batch)
+equal Ludic's (every sequence has the same number of action tokens).
 
 Inputs are a pure function of (shape, seed): hidden ~ N(0, 1), weight ~ N(0, s^2 / D) so logits are
 ~N(0, s^2) with s = `LOGIT_STD`; behaviour logprobs `actor_logps` are the target logit minus the Gaussian
@@ -30,8 +33,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class Shape:
     """N tokens of hidden size D against a vocabulary of V, cut into sequences of about `seq_len` tokens.
 
-    Loss workloads use B = max(1, round(N / seq_len)) sequences of T = N // B tokens, so `n_tokens`
-    (= B * T) can be a little below the requested N when N is not a multiple of B."""
+    Loss workloads use B = max(1, round(N / seq_len)) sequences of T = N // B tokens (pair workloads an
+    even B: `Workload.layout`), so `n_tokens` (= B * T) can be a little below the requested N when N is not
+    a multiple of B."""
 
     n: int
     d: int
@@ -77,23 +81,39 @@ class Workload:
 
     name: str
     description: str
-    kind: str = "rl"  # "head" (the head op), "ce" (SFT cross-entropy on rows) or "rl" (a loss on a Ludic batch)
+    # "head" (the head op), "ce" (SFT cross-entropy on rows), "rl" (a loss on a Ludic batch), "pair" (a
+    # preference loss on a pair batch) or "distill" (linear_divergence on rows)
+    kind: str = "rl"
     reference_loss: str | None = None
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
     ours_loss: str | None = None
     grpo_args: dict[str, Any] | None = None
+    liger_loss: str | None = None  # the pair / distill workloads: Liger's chunked class and its arguments
+    liger_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_loss(self) -> bool:
-        """An RL loss on a Ludic batch ([B, T, D] hidden); False for the row workloads (head op, SFT CE)."""
-        return self.kind == "rl"
+        """A loss on a batch of sequences ([B, T, D] hidden: RL or pair); False for the row workloads (head
+        op, SFT CE, distillation)."""
+        return self.kind in ("rl", "pair")
+
+    def layout(self, shape: Shape) -> tuple[int, int]:
+        """(sequences B, tokens per sequence T) of a loss batch: the shape's, with B rounded to an even
+        count (>= 2) for pair workloads, T = N // B."""
+        if self.kind != "pair":
+            return shape.batch_size, shape.seq_tokens
+        b = 2 * max(1, round(shape.n / (2 * shape.seq_len)))
+        if shape.n // b < 2:
+            raise ValueError(f"pair workload {self.name} needs >= 2 tokens per sequence, got n={shape.n}, B={b}")
+        return b, shape.n // b
 
     def scored_rows(self, shape: Shape) -> int:
-        """Rows the workload needs scored: every token of the row workloads; the action positions of an RL
+        """Rows the workload needs scored: every token of the row workloads; the action positions of a loss
         batch (positions 1..T-1 whose next token is an action: T - prompt per sequence)."""
         if not self.is_loss:
             return shape.n_tokens
-        return shape.batch_size * (shape.seq_tokens - prompt_tokens(shape.seq_tokens))
+        b, t = self.layout(shape)
+        return b * (t - prompt_tokens(t))
 
 
 def prompt_tokens(seq_tokens: int) -> int:
@@ -142,6 +162,35 @@ WORKLOADS: dict[str, Workload] = {
             ours_loss="ZVPCISPOLoss",
             loss_kwargs={"alpha_zvp": 0.1},
         ),
+        Workload(
+            "dpo",
+            "DPO (sigmoid, beta 0.1; reference log-probs 0) on pairs of sequences",
+            kind="pair",
+            reference_loss="DPOLoss",
+            loss_kwargs={"beta": 0.1},
+            ours_loss="DPOLoss",
+            liger_loss="LigerFusedLinearDPOLoss",
+            liger_kwargs={"beta": 0.1, "use_ref_model": False},
+        ),
+        Workload(
+            "orpo",
+            "ORPO (beta 0.1, NLL on the chosen responses) on pairs of sequences",
+            kind="pair",
+            reference_loss="ORPOLoss",
+            loss_kwargs={"beta": 0.1},
+            ours_loss="ORPOLoss",
+            liger_loss="LigerFusedLinearORPOLoss",
+            liger_kwargs={"beta": 0.1},
+        ),
+        Workload(
+            "jsd",
+            "distillation: generalised JSD (beta 0.5, T 1) of student vs teacher rows, token mean",
+            kind="distill",
+            reference_loss="linear_divergence",
+            loss_kwargs={"kind": "jsd", "beta": 0.5},
+            liger_loss="LigerFusedLinearJSDLoss",
+            liger_kwargs={"beta": 0.5, "weight_hard_loss": 0.0, "weight_soft_loss": 1.0},
+        ),
     )
 }
 
@@ -162,6 +211,7 @@ class Inputs:
     g_lp: Tensor | None = None  # head only: upstream gradients of logprob / entropy, [N] float32
     g_h: Tensor | None = None
     batch: dict[str, Tensor] = field(default_factory=dict)
+    teacher: tuple[Tensor, Tensor] | None = None  # distill only: teacher rows [N, D] and head [V, D], no grad
 
     def leaves(self) -> tuple[Tensor, Tensor]:
         return self.hidden, self.weight
@@ -175,12 +225,14 @@ class Inputs:
             self.g_lp,
             self.g_h,
             dict(self.batch),
+            self.teacher,
         )
 
     def head_rows(self, k: int) -> Inputs:
-        """The first k tokens of a row input (head op, SFT CE: the error check's sub-sample)."""
+        """The first k tokens of a row input (head op, SFT CE, distillation: the error check's sub-sample)."""
         cut = [None if g is None else g[:k] for g in (self.g_lp, self.g_h)]
-        return Inputs(self.hidden[:k], self.weight, self.targets[:k], *cut)
+        teacher = None if self.teacher is None else (self.teacher[0][:k], self.teacher[1])
+        return Inputs(self.hidden[:k], self.weight, self.targets[:k], *cut, teacher=teacher)
 
     def sequences(self, k: int) -> Inputs:
         """The first k sequences of a loss input (the error check's sub-sample)."""
@@ -192,13 +244,20 @@ class Inputs:
 def make_inputs(workload: str, shape: Shape, seed: int = 0, device: str | torch.device = "cpu") -> Inputs:
     """Deterministic inputs for `workload` at `shape` (generated on CPU in float32, then cast and moved)."""
     g = torch.Generator().manual_seed(seed)
-    N, D, V, B, T = shape.n_tokens, shape.d, shape.v, shape.batch_size, shape.seq_tokens
+    w = get_workload(workload)
+    B, T = w.layout(shape)
+    N = B * T if w.is_loss else shape.n_tokens
+    D, V = shape.d, shape.v
     dt = shape.torch_dtype
     hidden = torch.randn(N, D, generator=g)
     weight = torch.randn(V, D, generator=g).mul_(LOGIT_STD / math.sqrt(D))
     ids = torch.randint(0, V, (N,), generator=g)
-    kind = get_workload(workload).kind
-    if kind != "rl":
+    kind = w.kind
+    if kind == "distill":
+        teacher = (torch.randn(N, D, generator=g), torch.randn(V, D, generator=g).mul_(LOGIT_STD / math.sqrt(D)))
+        return Inputs(hidden.to(device=device, dtype=dt), weight.to(device=device, dtype=dt), ids.to(device),
+                      teacher=tuple(t.to(device=device, dtype=dt) for t in teacher))
+    if kind not in ("rl", "pair"):
         g_lp = torch.randn(N, generator=g)
         g_h = torch.randn(N, generator=g)
         return Inputs(
@@ -211,6 +270,8 @@ def make_inputs(workload: str, shape: Shape, seed: int = 0, device: str | torch.
     input_ids = ids.reshape(B, T)
     h3 = hidden.reshape(B, T, D)
     batch = _ludic_batch(h3, weight, input_ids, g)
+    if kind == "pair":
+        batch["ref_seq_logps"] = torch.zeros(B)
     return Inputs(
         h3.to(device=device, dtype=dt),
         weight.to(device=device, dtype=dt),
