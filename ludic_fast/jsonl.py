@@ -1,7 +1,7 @@
 """JSONL input: one JSON object per line, blank lines skipped; a bad line is a ValueError naming `file:line`.
 
-Every reader of user JSONL (tasks, offline rollouts and chat data, preference data) goes through
-`read_jsonl`, so a malformed file gets the same one-line error wherever it is read.
+Every reader of JSONL (tasks, offline rollouts and chat data, a JSONLLogger's records) goes through
+`jsonl_objects`, so a malformed file gets the same one-line error wherever it is read.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> list[tuple[int, dict[str, Any]]]:
+def jsonl_objects(path: str | os.PathLike[str]) -> list[tuple[int, dict[str, Any]]]:
     """`(line number, object)` for every non-blank line of `path` (numbers from 1). ValueError
     `"<path>:<line>: not a JSON object (...)"` for a line that is not JSON or not an object."""
     rows = []
@@ -29,4 +29,4 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[tuple[int, dict[str, Any]]]
     return rows
 
 
-__all__ = ["read_jsonl"]
+__all__ = ["jsonl_objects"]

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ludic_fast.jsonl import jsonl_objects
+
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 
 
@@ -111,7 +113,7 @@ class JSONLLogger:
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records a JSONLLogger wrote."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [record for _, record in jsonl_objects(path)]
 
 
 class TeeLogger:

@@ -342,21 +342,19 @@ def make_algorithm(args: argparse.Namespace) -> Any:
     return factory(group_size=args.group_size) if grouped else factory()
 
 
-def run_rl(
-    args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: PromptAnswerTask, logger: Any, resume: bool
-) -> Trainer:
-    algo = make_algorithm(args)
-    engine = build_engine(args, model, tok)
-    sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+def build_rollout_source(args: argparse.Namespace, engine: Any, tok: Any, task: PromptAnswerTask, algo: Any
+                         ) -> RolloutBatchSource:
+    """The RL batches of the sampling flags (groups, temperature, DAPO dynamic sampling, tie jitter) and the
+    preset's credit assigner and curriculum; `ludic-fast train` and the pipeline actor sample alike."""
     dynamic = args.dynamic_sampling if args.dynamic_sampling is not None else args.preset == "dapo"
-    source = RolloutBatchSource(
+    return RolloutBatchSource(
         engine=engine,
         task=task,
         tokenizer=tok,
         credit_assigner=algo.credit_assigner,
         prompts_per_batch=args.prompts_per_batch,
         group_size=args.group_size,
-        sampling=sampling,
+        sampling=SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens),
         seed=args.seed,
         dynamic_sampling=dynamic,
         max_rounds=args.max_rounds,
@@ -364,6 +362,14 @@ def run_rl(
         curriculum=algo.curriculum,
         chat_template=args.chat_template,
     )
+
+
+def run_rl(
+    args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: PromptAnswerTask, logger: Any, resume: bool
+) -> Trainer:
+    algo = make_algorithm(args)
+    engine = build_engine(args, model, tok)
+    source = build_rollout_source(args, engine, tok, task, algo)
     evaluator = None
     if args.eval_every > 0:
         evaluator = Evaluator(

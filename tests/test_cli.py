@@ -89,3 +89,18 @@ def test_train_default_output_dir_is_named_after_task_and_preset(tmp_path, monke
     assert train_cli.main(["train", *FAST, "--rl-steps", "1", "--sft-steps", "0", "--no-plot", "--preset", "grpo"]) == 0
     (run,) = (tmp_path / "runs").iterdir()
     assert run.name.startswith("addition-grpo-") and (run / "summary.json").is_file()
+
+
+def test_rollout_source_follows_the_sampling_flags():
+    """`ludic-fast train` and the pipeline actor build their rollouts with `build_rollout_source`: the
+    sampling flags and the preset's dynamic-sampling default reach the source."""
+    args = train_cli.build_parser("x").parse_args(["--preset", "dapo", "--tie-jitter", "0.1", "--max-rounds", "3",
+                                                   "--device", "cpu"])
+    tok, task = train_cli.prepare(args, "train")
+    source = train_cli.build_rollout_source(args, None, tok, task, train_cli.make_algorithm(args))
+    assert (source.dynamic_sampling, source.max_rounds, source.tie_jitter) == (True, 3, 0.1)
+    args = train_cli.build_parser("x").parse_args(["--preset", "scalerl", "--device", "cpu"])
+    tok, task = train_cli.prepare(args, "train")
+    algo = train_cli.make_algorithm(args)
+    source = train_cli.build_rollout_source(args, None, tok, task, algo)
+    assert not source.dynamic_sampling and source.curriculum is algo.curriculum is not None

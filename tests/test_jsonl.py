@@ -1,25 +1,25 @@
-"""ludic_fast.jsonl.read_jsonl: line numbers, blank lines, and the file:line error for a bad line."""
+"""ludic_fast.jsonl.jsonl_objects: line numbers, blank lines, and the file:line error for a bad line."""
 
 from __future__ import annotations
 
 import pytest
 
-from ludic_fast.jsonl import read_jsonl
+from ludic_fast.jsonl import jsonl_objects
 from ludic_fast.rollout.offline import OfflineBatchSource
 
 
-def test_read_jsonl_numbers_lines_and_skips_blanks(tmp_path):
+def test_jsonl_objects_numbers_lines_and_skips_blanks(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"a": 1}\n\n  \n{"b": [2]}\n', encoding="utf-8")
-    assert read_jsonl(path) == [(1, {"a": 1}), (4, {"b": [2]})]
+    assert jsonl_objects(path) == [(1, {"a": 1}), (4, {"b": [2]})]
 
 
 @pytest.mark.parametrize("line, why", [('{"a": 1', "Expecting ',' delimiter at column 8"), ("[1, 2]", "a list")])
-def test_read_jsonl_names_file_and_line(tmp_path, line, why):
+def test_jsonl_objects_names_file_and_line(tmp_path, line, why):
     path = tmp_path / "d.jsonl"
     path.write_text('{"a": 1}\n' + line + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match="^" + str(path) + ":2: not a JSON object") as err:
-        read_jsonl(path)
+        jsonl_objects(path)
     assert why in str(err.value)
 
 

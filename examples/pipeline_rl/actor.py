@@ -21,8 +21,14 @@ from common import add_pipeline_args
 from ludic_fast.cli_validation import UsageError
 from ludic_fast.distributed.pipeline import PipelineKeys, PipelineProducer, run_pipeline_actor
 from ludic_fast.distributed.publish import RedisWeightSubscriber
-from ludic_fast.rollout import RolloutBatchSource, SamplingConfig
-from ludic_fast.train_cli import build_engine, build_model_and_tokenizer, build_parser, make_algorithm, prepare
+from ludic_fast.train_cli import (
+    build_engine,
+    build_model_and_tokenizer,
+    build_parser,
+    build_rollout_source,
+    make_algorithm,
+    prepare,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,18 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     model, tok = build_model_and_tokenizer(args, tok)  # the architecture; the weights come from the learner
     engine = build_engine(args, model.to(args.device), tok)  # --engine hf (transformers generate) or vllm
-    algo = make_algorithm(args)
-    rollouts = RolloutBatchSource(
-        engine=engine,
-        task=task,
-        tokenizer=tok,
-        credit_assigner=algo.credit_assigner,
-        prompts_per_batch=args.prompts_per_batch,
-        group_size=args.group_size,
-        sampling=SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens),
-        seed=args.seed,
-        chat_template=args.chat_template,
-    )
+    rollouts = build_rollout_source(args, engine, tok, task, make_algorithm(args))  # as `ludic-fast train`
     keys = PipelineKeys(args.prefix)
     subscriber = RedisWeightSubscriber(args.redis_url, engine.publish, keys=keys)  # load_state_dict + version
     producer = PipelineProducer(args.redis_url, keys=keys, actor_id=args.actor_id, max_queued=max_queued)

@@ -24,14 +24,14 @@ from typing import Any
 
 from ludic_fast.batching import saw_item_from_step
 from ludic_fast.filters import apply_filter
-from ludic_fast.jsonl import read_jsonl
+from ludic_fast.jsonl import jsonl_objects
 from ludic_fast.types import CreditAssigner, Rollout, SampleFilter, SAWBatch, SAWItem
 
 
-def _read_jsonl(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:
+def _jsonl_objects(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    return [obj for p in paths for _, obj in read_jsonl(p)]
+    return [obj for p in paths for _, obj in jsonl_objects(p)]
 
 
 def _template_ids(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
@@ -131,7 +131,7 @@ class OfflineBatchSource:
         credit_assigner: CreditAssigner,
         **kwargs: Any,
     ) -> OfflineBatchSource:
-        rollouts = [Rollout.from_dict(r) for r in _read_jsonl(paths)]
+        rollouts = [Rollout.from_dict(r) for r in _jsonl_objects(paths)]
         credit = credit_assigner.compute(rollouts)
         items = [saw_item_from_step(r, s, credit.get((r.id, s.index), 1.0)) for r in rollouts for s in r.steps]
         return cls(items, **kwargs)
@@ -147,7 +147,7 @@ class OfflineBatchSource:
     def from_chat_jsonl(
         cls, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], tokenizer: Any, **kwargs: Any
     ) -> OfflineBatchSource:
-        return cls.from_chat(_read_jsonl(paths), tokenizer, **kwargs)
+        return cls.from_chat(_jsonl_objects(paths), tokenizer, **kwargs)
 
 
 def _dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:

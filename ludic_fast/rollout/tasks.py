@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic_fast.embedded import AdditionTask
-from ludic_fast.jsonl import read_jsonl
+from ludic_fast.jsonl import jsonl_objects
 from ludic_fast.rollout.rewards import RewardFn, get_reward
 
 
@@ -68,7 +68,7 @@ class PromptAnswerTask:
 
         def read(p: str | os.PathLike[str]) -> list[dict[str, Any]]:
             rows = []
-            for n, obj in read_jsonl(p):
+            for n, obj in jsonl_objects(p):
                 if prompt_key not in obj or answer_key not in obj:
                     raise ValueError(f"{p}:{n}: missing {prompt_key!r} or {answer_key!r}")
                 rows.append(
