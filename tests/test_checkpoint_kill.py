@@ -7,14 +7,9 @@ curriculum history is part of the checkpoint), a checkpoint after every step."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
-from pathlib import Path
+
+from _kill_resume import kill_mid_write_then_resume
 
 CHILD = textwrap.dedent(
     """
@@ -65,61 +60,8 @@ CHILD = textwrap.dedent(
 )
 
 
-def _env() -> dict:
-    root = Path(__file__).resolve().parents[1]
-    return {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-
-
-def _run(script: Path, *args: str) -> list[str]:
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=_env(), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.splitlines()
-
-
-def _parse(lines: list[str]) -> tuple[dict[int, dict], dict]:
-    steps = {}
-    final = {}
-    for line in lines:
-        if line.startswith("STEP "):
-            rec = json.loads(line[5:])
-            steps[rec["step"]] = rec
-        elif line.startswith("FINAL "):
-            final = json.loads(line[6:])
-    return steps, final
-
-
 def test_kill_during_checkpoint_write_then_resume(tmp_path):
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    total, crash = 4, 3
-    full_steps, full_final = _parse(_run(script, str(tmp_path / "full"), "full", str(total), "0"))
-    assert sorted(full_steps) == [1, 2, 3, 4]
-
-    run_dir = tmp_path / "crashed"
-    proc = subprocess.Popen([sys.executable, str(script), str(run_dir), "crash", str(total), str(crash)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-    crashed_lines = []
-    deadline = time.monotonic() + 300
-    try:
-        for line in proc.stdout:
-            crashed_lines.append(line.rstrip("\n"))
-            if line.startswith("WRITING"):
-                os.kill(proc.pid, signal.SIGKILL)  # kill -9 mid-write
-                break
-            assert time.monotonic() < deadline, "child never reached the checkpoint write"
-    finally:
-        proc.kill()
-        proc.wait()
-    assert any(line.startswith("WRITING") for line in crashed_lines), proc.stderr.read()[-3000:]
-    crashed_steps, _ = _parse(crashed_lines)
-    assert sorted(crashed_steps) == [1, 2]  # step 3 trained, then died while checkpointing
-    assert [crashed_steps[s] for s in (1, 2)] == [full_steps[s] for s in (1, 2)]
-    assert list(run_dir.glob(".tmp-step_*"))  # the interrupted write left only a hidden temp dir
-    assert json.loads((run_dir / "latest.json").read_text())["step"] == crash - 1
-
-    resumed_steps, resumed_final = _parse(_run(script, str(run_dir), "resume", str(total), "0"))
-    assert resumed_final["start"] == crash - 1  # the previous checkpoint loaded
-    assert sorted(resumed_steps) == [3, 4]
+    full_steps, full_final, resumed_steps, resumed_final = kill_mid_write_then_resume(tmp_path, CHILD, 4, 3)
     for s in (3, 4):
         assert resumed_steps[s] == full_steps[s]
     assert resumed_final["curriculum"] == full_final["curriculum"]
