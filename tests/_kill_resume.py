@@ -1,6 +1,7 @@
 """Harness of the kill -9 checkpoint tests. The child script takes `run_dir mode total crash` (mode full |
 crash | resume), prints `STEP {json with "step"}` after each step, `WRITING` when the crash run starts writing
-the checkpoint of step `crash`, and `FINAL {json with "start"}` at the end (start: the step it resumed from)."""
+the checkpoint of step `crash`, and `FINAL {json with "start"}` at the end (start: the step it resumed from).
+The child runs with this folder on its path: in crash mode it calls `stall_checkpoint_write(crash)`."""
 
 from __future__ import annotations
 
@@ -13,9 +14,28 @@ import time
 from pathlib import Path
 
 
+def stall_checkpoint_write(crash_step: int) -> None:
+    """In the child: the checkpoint of step `crash_step` writes part of its first safetensors file, prints
+    WRITING and stalls there (the parent kills it); other checkpoints are written normally."""
+    from ludic_fast import checkpoint
+
+    real_save_file = checkpoint.save_file
+
+    def slow_save_file(tensors, path, *a, **k):
+        if f"{crash_step:06d}" in str(path):
+            with open(path, "wb") as f:
+                f.write(b"partial")
+                f.flush()
+            print("WRITING", flush=True)
+            time.sleep(120)
+        return real_save_file(tensors, path, *a, **k)
+
+    checkpoint.save_file = slow_save_file
+
+
 def _env() -> dict:
-    root = Path(__file__).resolve().parents[1]
-    return {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    here = Path(__file__).resolve().parent
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)]), "OMP_NUM_THREADS": "1"}
 
 
 def _run(script: Path, *args: str) -> list[str]:

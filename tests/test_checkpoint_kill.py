@@ -13,10 +13,10 @@ from _kill_resume import kill_mid_write_then_resume
 
 CHILD = textwrap.dedent(
     """
-    import json, sys, time
+    import json, sys
     import torch
     torch.set_num_threads(1)
-    from ludic_fast import checkpoint
+    from _kill_resume import stall_checkpoint_write
     from ludic_fast.algorithm import make_scalerl
     from ludic_fast.checkpoint import CheckpointConfig
     from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
@@ -35,18 +35,7 @@ CHILD = textwrap.dedent(
                                 curriculum=algo.curriculum, tie_jitter=0.1)
     cfg = TrainerConfig(model_device="cpu", pad_token_id=tok, lr=3e-3, max_seq_len=16, micro_token_budget=64)
     if mode == "crash":
-        real_save_file = checkpoint.save_file
-
-        def slow_save_file(tensors, path, *a, **k):
-            if f"{crash_step:06d}" in str(path):  # the optimizer file of the doomed checkpoint
-                with open(path, "wb") as f:
-                    f.write(b"partial")
-                    f.flush()
-                print("WRITING", flush=True)
-                time.sleep(120)
-            return real_save_file(tensors, path, *a, **k)
-
-        checkpoint.save_file = slow_save_file
+        stall_checkpoint_write(crash_step)
     trainer = Trainer(model=model, algo=algo, batch_source=source, cfg=cfg, publisher=engine,
                       checkpoint_config=CheckpointConfig(out, every_n_steps=1, max_to_keep=2),
                       resume_from="latest" if mode == "resume" else None)
