@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ludic_fast.cli_validation import UsageError
+from ludic_fast.cli_validation import UsageError, require_package
 
 #: per-profile defaults of the flags whose sensible value depends on the model's size
 PROFILES: dict[str, dict[str, Any]] = {
@@ -33,10 +33,11 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 ATTENTION = ("auto", "eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
-#: --attn values that need a package: (module, pip requirement)
+#: --attn values that need a package: (module, how to install it)
 _ATTENTION_PACKAGES = {
-    "flash_attention_2": ("flash_attn", "'ludic-fast[flash-attn]'"),
-    "flash_attention_3": ("flash_attn_interface", "FlashAttention-3 (the hopper/ build of Dao-AILab/flash-attention)"),
+    "flash_attention_2": ("flash_attn", "pip install 'ludic-fast[flash-attn]'"),
+    "flash_attention_3": ("flash_attn_interface",
+                          "pip install FlashAttention-3 (the hopper/ build of Dao-AILab/flash-attention)"),
 }
 
 
@@ -101,9 +102,8 @@ def apply_recipe(args: argparse.Namespace) -> None:
     args.attn = resolve_attention(args.attn, args.device)
     if args.attn.startswith("flash_attention") and (not cuda or args.dtype == "fp32"):
         raise UsageError(f"--attn {args.attn} needs --device cuda and --dtype bf16 or fp16")
-    package = _ATTENTION_PACKAGES.get(args.attn)
-    if package is not None and importlib.util.find_spec(package[0]) is None:
-        raise UsageError(f"--attn {args.attn} needs the package {package[0]}: pip install {package[1]}")
+    if args.attn in _ATTENTION_PACKAGES:
+        require_package(*_ATTENTION_PACKAGES[args.attn], f"--attn {args.attn}")
     if args.attn == "flex_attention" and not cuda:
         raise UsageError("--attn flex_attention needs --device cuda (PyTorch's flex attention has no CPU backward)")
 

@@ -62,7 +62,7 @@ def test_cpu_refusals(flags, message):
 
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash-attn is installed here")
 def test_flash_attention_without_the_package_is_a_usage_error():
-    with pytest.raises(UsageError, match="--attn flash_attention_2 needs the package flash_attn"):
+    with pytest.raises(UsageError, match="--attn flash_attention_2 needs the optional package flash_attn"):
         _args("--device", "cuda", "--attn", "flash_attention_2")  # apply_recipe only: no CUDA needed
 
 
