@@ -62,6 +62,14 @@ _NUMBER_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "checkpoint_every": (lambda v: v >= 0, ">= 0 (0 = no checkpoints)"),
     "max_to_keep": (lambda v: v >= 1, ">= 1"),
     "threads": (lambda v: v >= 0, ">= 0 (0 = torch's default)"),
+    # offline presets
+    "offline_steps": (lambda v: v >= 1, ">= 1"),
+    "pref_batch_size": (lambda v: v >= 1, ">= 1"),
+    "beta": (lambda v: v > 0, "> 0"),
+    "teacher_steps": (lambda v: v >= 0, ">= 0"),
+    "distill_temperature": (lambda v: v > 0, "> 0"),
+    "hard_weight": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "on_policy_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]"),
 }
 
 #: optional packages a flag needs -> (module, pip requirement naming the extra)

@@ -65,6 +65,11 @@ def test_subprocess_errors_exit_2_with_one_line(tmp_path, argv, message):
         (["--max-seq-len", "200", "--micro-token-budget", "100"],
          "--micro-token-budget (100) must be > 0 and >= --max-seq-len (200)"),
         (["--group-size", "two"], "argument --group-size: invalid int value: 'two'"),
+        (["--preset", "distill", "--distill-temperature", "0"], "--distill-temperature must be > 0, got 0.0"),
+        (["--preset", "distill", "--teacher-steps", "-1"], "--teacher-steps must be >= 0, got -1"),
+        (["--preset", "dpo", "--offline-steps", "0"], "--offline-steps"),
+        (["--preset", "dpo", "--beta", "-0.1"], "--beta must be > 0"),
+        (["--preset", "distill", "--hard-weight", "1.5"], "--hard-weight"),
     ],
 )
 def test_bad_flags(capsys, flags, message):
