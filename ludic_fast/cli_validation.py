@@ -172,7 +172,7 @@ def check_args(args: argparse.Namespace) -> None:
         get_reward(args.reward)
     except (ValueError, re.error) as exc:
         raise UsageError(f"--reward: {exc}") from None
-    for attr in ("task", "eval_task", "sft_data"):
+    for attr in ("task", "eval_task", "sft_data", "pref_data"):
         value = getattr(args, attr, None)
         if value is not None and not (attr == "task" and value == "embedded"):
             check_file(value, _flag(attr))
@@ -188,6 +188,8 @@ def check_args(args: argparse.Namespace) -> None:
         check_pretrained(args.model, "--model")
     if args.tokenizer:
         check_pretrained(args.tokenizer, "--tokenizer", files=("tokenizer_config.json", "tokenizer.json"))
+    if getattr(args, "preset", None) == "distill" and args.teacher != "embedded":
+        check_pretrained(args.teacher, "--teacher")
 
 
 def check_task_tokens(rows: list[dict[str, Any]], tokenizer: Any, *, embedded: bool) -> None:

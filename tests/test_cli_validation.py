@@ -70,6 +70,8 @@ def test_subprocess_errors_exit_2_with_one_line(tmp_path, argv, message):
         (["--preset", "dpo", "--offline-steps", "0"], "--offline-steps"),
         (["--preset", "dpo", "--beta", "-0.1"], "--beta must be > 0"),
         (["--preset", "distill", "--hard-weight", "1.5"], "--hard-weight"),
+        (["--preset", "dpo", "--pref-data", "nope.jsonl"], "--pref-data nope.jsonl: no such file"),
+        (["--preset", "distill", "--teacher", "./no-such-teacher"], "--teacher ./no-such-teacher: no such model"),
     ],
 )
 def test_bad_flags(capsys, flags, message):
