@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 from typing import Any
 
 import torch
@@ -98,6 +99,9 @@ def apply_recipe(args: argparse.Namespace) -> None:
     cuda = torch.device(args.device).type == "cuda"
     if args.body_kernels and not cuda:
         raise UsageError(f"--body-kernels needs --device cuda (Liger-Kernel's are GPU kernels), got {args.device}")
+    if args.backend == "triton" and not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise UsageError(f"--backend triton needs --device cuda (or TRITON_INTERPRET=1, the Triton interpreter), "
+                         f"got {args.device}")
     args.dtype = resolve_dtype(args.dtype, args.device)
     args.attn = resolve_attention(args.attn, args.device)
     if args.attn.startswith("flash_attention") and (not cuda or args.dtype == "fp32"):

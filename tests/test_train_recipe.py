@@ -53,9 +53,11 @@ def test_dtype_and_attention_on_cpu():
         (["--body-kernels"], "--body-kernels needs --device cuda"),
         (["--attn", "flash_attention_2"], "--attn flash_attention_2 needs --device cuda"),
         (["--attn", "flex_attention"], "--attn flex_attention needs --device cuda"),
+        (["--backend", "triton"], "--backend triton needs --device cuda"),
     ],
 )
-def test_cpu_refusals(flags, message):
+def test_cpu_refusals(flags, message, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(UsageError, match=message):
         _args("--device", "cpu", *flags)
 
