@@ -114,8 +114,11 @@ stage() {
         suite)
             local rc=0
             # the gpu-marked tests ran in `test`: here the CPU tests, to show no device default leaks into them
-            logged suite "$PY" -m pytest -q -rs -n 12 -p no:cacheprovider -m "not gpu" tests --ignore=tests/interpret \
-                || rc=$?
+            # (12 workers when pytest-xdist is installed; it is not a requirement of the project)
+            local workers=()
+            if "$PY" -c "import xdist" 2>/dev/null; then workers=(-n 12); fi
+            logged suite "$PY" -m pytest -q -rs ${workers[@]+"${workers[@]}"} -p no:cacheprovider -m "not gpu" tests \
+                --ignore=tests/interpret || rc=$?
             collect "$RESULTS/suite.log" suite.log
             return "$rc"
             ;;
