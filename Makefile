@@ -1,9 +1,12 @@
-# Two entry points, each building its own virtual environment from nothing:
+# On a fresh CPU machine, each building its own virtual environment from nothing:
 #   make demo   runs the main job on the embedded default (CPU, no download)
-#   make docs   regenerates docs/api.md from the docstrings (tests/test_docs.py checks every link in the docs
-#               and that docs/api.md is up to date)
 #   make test   runs the whole test suite (unit tests, then Triton-interpreter tests in their own process, then
 #               the verl integration tests in .venv-verl, where verl 0.9.1 is installed with its own pins)
+#   make docs   regenerates docs/api.md from the docstrings (tests/test_docs.py checks every link in the docs
+#               and that docs/api.md is up to date)
+# On a CUDA machine, with its own python (GPU_PY, default python3) and its torch and triton:
+#   make test-gpu        the GPU suite, then the key GPU benchmark table
+#   make bench-e2e-gpu   the trainer end to end
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
