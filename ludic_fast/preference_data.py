@@ -14,12 +14,12 @@ completions are the right sums.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
 from ludic_fast.embedded import AdditionTask
+from ludic_fast.jsonl import jsonl_objects
 from ludic_fast.pair_batching import KTOExample, PreferencePair
 from ludic_fast.rollout.prompts import encode_prompt
 
@@ -34,14 +34,8 @@ def read_rows(path: str | Path, fmt: str) -> list[dict[str, Any]]:
     """Rows of a JSONL file in format `fmt` (FORMATS); ValueError naming file:line for a bad row."""
     keys = FORMATS[fmt]
     rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or any(k not in row for k in keys):
+    for n, row in jsonl_objects(path):
+        if any(k not in row for k in keys):
             raise ValueError(f"{path}:{n}: a {fmt} row needs the keys {list(keys)}")
         for k in keys:
             want = bool if k == "label" else str

@@ -140,4 +140,8 @@ def test_validation(tmp_path):
     bad.write_text('{"prompt": "1+1=", "completion": "2", "label": "yes"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1: 'label' must be a bool"):
         read_rows(bad, "kto")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "1+1=", "completion": "2"}\n{"prompt": \n')
+    with pytest.raises(ValueError, match="broken.jsonl:2: not a JSON object"):
+        read_rows(broken, "completions")
     assert main(["train", "--preset", "kto", "--pref-data", str(bad), "--logger", "none"]) == 2
