@@ -47,6 +47,7 @@ from ludic_fast.train_recipe import apply_recipe
 FORMAT = {"dpo": "pairs", "ipo": "pairs", "simpo": "pairs", "orpo": "pairs", "reward": "pairs", "kto": "kto",
           "distill": "completions"}
 OFFLINE_PRESETS = tuple(FORMAT)
+UNIT = {"pairs": "preference pairs", "kto": "labelled completions", "completions": "completions"}
 LOSSES = {"dpo": DPOLoss, "ipo": IPOLoss, "simpo": SimPOLoss, "orpo": ORPOLoss, "kto": KTOLoss}
 METRIC = {p: "train/rewards_accuracy" for p in ("dpo", "ipo", "simpo", "orpo", "reward")}
 METRIC.update(kto="train/rewards_margin", distill="train/loss")
@@ -127,16 +128,8 @@ def _check(args: argparse.Namespace, command: str) -> None:
         raise UsageError(f"--preset {args.preset} runs under `ludic-fast train`")
     if args.resume and args.output_dir is None:
         raise UsageError("--resume needs --output-dir (the run to continue)")
-    if args.checkpoint_every < 0:
-        raise UsageError("--checkpoint-every must be >= 0")
-    if args.offline_steps < 1 or args.pref_batch_size < 1:
-        raise UsageError("--offline-steps and --pref-batch-size must be >= 1")
-    if args.beta is not None and args.beta <= 0:
-        raise UsageError("--beta must be > 0")
     if args.distill_kind == "jsd" and not 0 < args.distill_beta < 1:
         raise UsageError("--distill-beta must lie in (0, 1) for --distill-kind jsd")
-    if not 0 <= args.hard_weight <= 1 or not 0 <= args.on_policy_fraction <= 1:
-        raise UsageError("--hard-weight and --on-policy-fraction must lie in [0, 1]")
     check_device(args.device)
     apply_recipe(args)  # resolves --attn and --dtype
     if args.dtype == "fp16":
@@ -178,7 +171,7 @@ def main(args: argparse.Namespace, command: str) -> int:
                         memory_budget=args.memory_budget, layout=args.layout,
                         mixed_precision="bf16" if args.dtype == "bf16" else None)
     print(f"ludic-fast {command}: {args.offline_steps} steps of {args.preset} on {len(examples)} "
-          f"{FORMAT[args.preset]} examples ({args.pref_data or 'embedded'}); output {out}", flush=True)
+          f"{UNIT[FORMAT[args.preset]]} ({args.pref_data or 'embedded'}); output {out}", flush=True)
     console = train_cli.build_console_logger(args.logger)
     logger = TeeLogger(JSONLLogger(metrics, extra={"phase": args.preset}), console)
     try:
