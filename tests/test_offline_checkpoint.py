@@ -6,17 +6,12 @@ step with weights and optimizer state untouched."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
+from _kill_resume import kill_mid_write_then_resume
 
 from ludic_fast.checkpoint import CheckpointConfig
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
@@ -32,10 +27,10 @@ from ludic_fast.preference_data import embedded_rows, encode_rows
 
 CHILD = textwrap.dedent(
     """
-    import json, sys, time
+    import json, sys
     import torch
     torch.set_num_threads(1)
-    from ludic_fast import checkpoint
+    from _kill_resume import stall_checkpoint_write
     from ludic_fast.checkpoint import CheckpointConfig
     from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
     from ludic_fast.offline_trainer import OfflineConfig, OfflineTrainer, PreferenceObjective
@@ -50,18 +45,7 @@ CHILD = textwrap.dedent(
     examples = encode_rows(embedded_rows("pairs", 10), "pairs", tok, chat_template=False)
     cfg = OfflineConfig(steps=steps, batch_size=4, micro_batch_size=2, lr=3e-3)  # the order spans steps
     if mode == "crash":
-        real_save_file = checkpoint.save_file
-
-        def slow_save_file(tensors, path, *a, **k):
-            if f"{crash_step:06d}" in str(path):  # the optimizer file of the doomed checkpoint
-                with open(path, "wb") as f:
-                    f.write(b"partial")
-                    f.flush()
-                print("WRITING", flush=True)
-                time.sleep(120)
-            return real_save_file(tensors, path, *a, **k)
-
-        checkpoint.save_file = slow_save_file
+        stall_checkpoint_write(crash_step)
 
     class Log:
         def log(self, step, rec):
@@ -79,60 +63,8 @@ CHILD = textwrap.dedent(
 )
 
 
-def _env() -> dict:
-    root = Path(__file__).resolve().parents[1]
-    return {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-
-
-def _run(script: Path, *args: str) -> list[str]:
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=_env(), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.splitlines()
-
-
-def _parse(lines: list[str]) -> tuple[dict[int, dict], dict]:
-    steps, final = {}, {}
-    for line in lines:
-        if line.startswith("STEP "):
-            rec = json.loads(line[5:])
-            steps[rec["step"]] = rec
-        elif line.startswith("FINAL "):
-            final = json.loads(line[6:])
-    return steps, final
-
-
 def test_kill_during_checkpoint_write_then_resume(tmp_path):
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    total, crash = 5, 3
-    full_steps, full_final = _parse(_run(script, str(tmp_path / "full"), "full", str(total), "0"))
-    assert sorted(full_steps) == [1, 2, 3, 4, 5]
-
-    run_dir = tmp_path / "crashed"
-    proc = subprocess.Popen([sys.executable, str(script), str(run_dir), "crash", str(total), str(crash)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-    crashed_lines = []
-    deadline = time.monotonic() + 300
-    try:
-        for line in proc.stdout:
-            crashed_lines.append(line.rstrip("\n"))
-            if line.startswith("WRITING"):
-                os.kill(proc.pid, signal.SIGKILL)  # kill -9 mid-write
-                break
-            assert time.monotonic() < deadline, "child never reached the checkpoint write"
-    finally:
-        proc.kill()
-        proc.wait()
-    assert any(line.startswith("WRITING") for line in crashed_lines), proc.stderr.read()[-3000:]
-    crashed_steps, _ = _parse(crashed_lines)
-    assert sorted(crashed_steps) == [1, 2]  # step 3 trained, then died while checkpointing (before its log)
-    assert [crashed_steps[s] for s in (1, 2)] == [full_steps[s] for s in (1, 2)]
-    assert list(run_dir.glob(".tmp-step_*"))  # the interrupted write left only a hidden temp dir
-    assert json.loads((run_dir / "latest.json").read_text())["step"] == crash - 1
-
-    resumed_steps, resumed_final = _parse(_run(script, str(run_dir), "resume", str(total), "0"))
-    assert resumed_final["start"] == crash - 1  # the previous checkpoint loaded
-    assert sorted(resumed_steps) == [3, 4, 5]
+    full_steps, full_final, resumed_steps, resumed_final = kill_mid_write_then_resume(tmp_path, CHILD, 5, 3)
     for s in (3, 4, 5):
         assert resumed_steps[s] == full_steps[s]
     assert resumed_final["weights"] == full_final["weights"]
