@@ -20,6 +20,21 @@ pytestmark = MARKS
 N, V, D = 40, 1021, 40
 
 
+def _record_schedule(monkeypatch) -> list[tuple[bool, int]]:
+    """(d(raw) staged, number of dW groups) of every triton chunk backward that runs from now on."""
+    from ludic_fast.ops import fused_loss
+
+    calls = []
+    backward = fused_loss._TritonRows.backward_
+
+    def spy(self, *args):
+        calls.append((self.stage.out(self.rows) is not None, len(self.stage.groups)))
+        return backward(self, *args)
+
+    monkeypatch.setattr(fused_loss._TritonRows, "backward_", spy)
+    return calls
+
+
 def _inputs(dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(N, D, generator=g).to(dtype)
@@ -52,16 +67,7 @@ def _objective(coef, coupled):
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_fused_loss_triton_matches_reference(dtype, chunk_elements, stage_rows, staged, groups, coupled, monkeypatch):
-    from ludic_fast.ops import fused_loss
-
-    calls = []
-    backward = fused_loss._TritonRows.backward_
-
-    def spy(self, *args):
-        calls.append((self.stage.out(self.rows) is not None, len(self.stage.groups)))
-        return backward(self, *args)
-
-    monkeypatch.setattr(fused_loss._TritonRows, "backward_", spy)
+    calls = _record_schedule(monkeypatch)
     h, w, targets, inv_t, coef = _inputs(dtype)
     objective = _objective(coef.to(DEVICE), coupled)
     transform = HeadTransform(1.0, None, inv_t.to(DEVICE))
@@ -92,20 +98,12 @@ def test_memory_budget_plans_dw_staging(monkeypatch):
     """150000 bytes (bf16, N=40, V=1021, D=40): one 40-row chunk needs 163360 bytes of fp32 workspace and
     several chunks an fp32 dW of 163360 more, so the plan takes 14-row chunks (57176 bytes) staging all 40
     rows' d(raw) in bf16 (81680 bytes) for a single dW GEMM; the triton path follows it."""
-    from ludic_fast.ops import fused_loss
     from ludic_fast.ops.plan import plan_head
 
     budget = 150_000
     plan_ = plan_head(N, D, V, dtype=torch.bfloat16, mode="fused_loss", device=DEVICE, memory_budget=budget)
     assert (plan_.token_rows, plan_.stage_rows, plan_.fits) == (14, 40, True)
-    calls = []
-    backward = fused_loss._TritonRows.backward_
-
-    def spy(self, *args):
-        calls.append((self.stage.out(self.rows) is not None, len(self.stage.groups)))
-        return backward(self, *args)
-
-    monkeypatch.setattr(fused_loss._TritonRows, "backward_", spy)
+    calls = _record_schedule(monkeypatch)
     h, w, targets, inv_t, coef = _inputs(torch.bfloat16)
     transform = HeadTransform(1.0, None, inv_t.to(DEVICE))
     plan = FusedPlan(transform, _objective(coef.to(DEVICE), False), coupled=False, with_entropy=True,
