@@ -31,8 +31,8 @@ from torch import Tensor
 
 from ludic_fast._common import validate_head_inputs
 from ludic_fast.ops import linear_logprobs, resolve_backend
+from ludic_fast.ops.budget import parse_memory_budget
 from ludic_fast.ops.fused_loss import FusedPlan, fused_head_loss
-from ludic_fast.ops.plan import parse_memory_budget
 from ludic_fast.ops.torch_head import HeadTransform
 from ludic_fast.token_batch import AGGREGATIONS, TokenBatch
 

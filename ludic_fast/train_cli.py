@@ -36,7 +36,7 @@ from ludic_fast.loggers import JSONLLogger, PrintLogger, RichLiveLogger, TeeLogg
 from ludic_fast.offline_cli import OFFLINE_PRESETS
 from ludic_fast.offline_cli import add_arguments as add_offline_arguments
 from ludic_fast.offline_cli import main as offline_main
-from ludic_fast.ops.plan import parse_memory_budget
+from ludic_fast.ops.budget import parse_memory_budget
 from ludic_fast.rollout import (
     Evaluator,
     HFGenerateEngine,

@@ -64,7 +64,7 @@ from ludic_fast.integrations.packing import (
 )
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
 from ludic_fast.memory_estimate import estimate_peak_memory
-from ludic_fast.ops.plan import parse_memory_budget
+from ludic_fast.ops.budget import parse_memory_budget
 from ludic_fast.stats import Reducer, aggregate_stats, group_log_stats
 from ludic_fast.types import SAWBatch
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ludic_fast
-from ludic_fast.ops.plan import DEFAULT_CHUNK_ELEMENTS, chunk_plan, default_chunk_elements
+from ludic_fast.ops.budget import DEFAULT_CHUNK_ELEMENTS, chunk_plan, default_chunk_elements
 
 
 def test_env_override_read_per_call(monkeypatch):

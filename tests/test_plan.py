@@ -6,6 +6,7 @@ import itertools
 import pytest
 import torch
 
+from ludic_fast.ops import budget as B
 from ludic_fast.ops import plan as P
 
 ANCHOR, QWEN, LLAMA = (8192, 4096, 151936), (16384, 896, 151936), (32768, 4096, 128256)
@@ -137,7 +138,7 @@ def test_chunks_and_slices_are_multiples_of_128_on_gpus(mode):
 def test_sft_slices_at_llama_shape_are_aligned():
     """32704 rows x 64 Mi elements gave 2052-column slices (4104-byte rows: cuBLAS fell back to Ampere
     kernels); a byte budget gives 128-multiples."""
-    assert P.grad_blocks(32704, 128256, 64 * MI) == (32704, 2048)  # the element override, aligned too
+    assert B.grad_blocks(32704, 128256, 64 * MI) == (32704, 2048)  # the element override, aligned too
     plan = _plan((32704, 4096, 128256), mode="generic", memory_budget=P.GiB)
     assert plan.grad_cols % 128 == 0 and plan.fits
 
@@ -149,9 +150,9 @@ def test_cpu_default_is_the_64mi_element_rule():
     for mode, backend in (("generic", "torch"), ("fused_loss", "torch"), ("fused_loss", "triton")):
         plan = P.plan_head(8192, 4096, 151936, mode=mode, device="cpu", backend=backend)
         assert plan.blocks == (441, 151936)
-    assert P.chunk_plan(100, 1000, 3000) == (16, 187)
-    assert P.chunk_plan(10, 1000, 10_000) == (10, 1000)  # all 10 rows fit: whole rows
-    assert P.chunk_plan(8192, 151936, None) == (64 * MI // 151936, 151936)
+    assert B.chunk_plan(100, 1000, 3000) == (16, 187)
+    assert B.chunk_plan(10, 1000, 10_000) == (10, 1000)  # all 10 rows fit: whole rows
+    assert B.chunk_plan(8192, 151936, None) == (64 * MI // 151936, 151936)
 
 
 def test_default_budget_on_gpus():
@@ -201,13 +202,13 @@ def test_presets_scale_public_specs_by_the_h100_efficiency():
 @pytest.mark.parametrize("text,value", [("4GiB", 4 * 2**30), ("512MiB", 512 * 2**20), ("3.5GB", 3_500_000_000),
                                         ("1e9", 10**9), (" 2 gib ", 2 * 2**30), (12345, 12345)])
 def test_parse_memory_budget(text, value):
-    assert P.parse_memory_budget(text) == value
+    assert B.parse_memory_budget(text) == value
 
 
 @pytest.mark.parametrize("bad", ["", "GiB", "4 parsecs", "-1GiB", 0, -3, "0"])
 def test_bad_memory_budget_values(bad):
     with pytest.raises(ValueError, match="memory_budget"):
-        P.parse_memory_budget(bad)
+        B.parse_memory_budget(bad)
 
 
 @pytest.mark.parametrize("kw,match", [({"mode": "backward"}, "mode"), ({"backend": "cuda"}, "backend"),

@@ -132,9 +132,9 @@ def test_one_pass_costs_6ndv_and_two_pass_8ndv():
 def test_default_budget_grows_a_chunk_to_hold_a_pair(monkeypatch):
     # no budget from the caller: on the CPU a chunk may grow to 4 default chunks (16 rows here) to keep a pair
     # whole (one pass); a longer pair, or an explicit budget, keeps the two-pass mode
-    import ludic_fast.ops.plan as plan_mod
+    import ludic_fast.ops.budget as budget_mod
 
-    monkeypatch.setattr(plan_mod, "DEFAULT_CHUNK_ELEMENTS", 16 * V)
+    monkeypatch.setattr(budget_mod, "DEFAULT_CHUNK_ELEMENTS", 16 * V)
     g = torch.Generator().manual_seed(0)
     for action, factor in ((30, 6), (35, 8)):  # pairs of 60 (<= 64 rows) and 70 action tokens
         h = torch.randn(4, 40, D, generator=g, requires_grad=True)

@@ -65,7 +65,7 @@ def linear_logprobs(
     `memory_budget`: bytes (an int, or a string like '4GiB') the call may hold beyond its inputs and
     outputs; the cost model of `ops.plan` picks the chunking and strategy predicted fastest within it.
     Default: on a GPU the fp32 gradient accumulators plus min(1 GiB, 1/64 of device memory); on the CPU
-    chunks of `plan.DEFAULT_CHUNK_ELEMENTS` logit elements. `chunk_elements` is the low-level override
+    chunks of `budget.DEFAULT_CHUNK_ELEMENTS` logit elements. `chunk_elements` is the low-level override
     (tokens x vocab columns of one transient logits chunk); with neither argument, env
     LUDIC_FAST_CHUNK_ELEMENTS (read at each call) is that override when set.
 

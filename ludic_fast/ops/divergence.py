@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ludic_fast.ops.plan import default_chunk_elements, parse_memory_budget
+from ludic_fast.ops.budget import default_chunk_elements, parse_memory_budget
 from ludic_fast.ops.torch_head import addmm_acc_, gemm_f32
 
 KINDS = ("forward_kl", "reverse_kl", "jsd")

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ludic_fast.ops.plan import HeadPlan, env_chunk_elements, plan_head
+from ludic_fast.ops.budget import env_chunk_elements
+from ludic_fast.ops.plan import HeadPlan, plan_head
 from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform
 
 #: objective(lp, H or None, rows or None) -> scalar loss; `rows` selects the chunk (None: all tokens).

@@ -32,10 +32,18 @@ from __future__ import annotations
 import functools
 import math
 import os
-import re
 from dataclasses import dataclass, field, replace
 
 import torch
+
+from ludic_fast.ops.budget import (
+    align_down,
+    default_chunk_elements,
+    elements_rule,
+    env_chunk_elements,
+    grad_blocks,
+    parse_memory_budget,
+)
 
 MODES = ("forward", "generic", "fused_loss", "coupled")
 BACKEND_STRATEGIES = {"triton": ("workspace", "fused"), "torch": ("torch",)}
@@ -44,33 +52,7 @@ GiB = 2**30
 #: memory, capped (1 GiB on an 80 GB card)
 WORKSPACE_FRACTION = 1 / 64
 WORKSPACE_CAP = GiB
-#: CPU default: chunks of this many logit elements (tokens x vocab columns, 256 MiB of fp32), the CPU-tuned rule
-DEFAULT_CHUNK_ELEMENTS = 64 * 2**20
-#: environment override of the chunk elements when a call passes neither chunk_elements nor memory_budget
-CHUNK_ELEMENTS_ENV = "LUDIC_FAST_CHUNK_ELEMENTS"
-_MIN_CHUNK_TOKENS = 16  # the sliced-vocabulary fallback keeps at least this many tokens per chunk
-_MIN_GRAD_COLS = 1024  # pre-model rule of the workspace backward (chunk_elements override)
 
-
-def env_chunk_elements() -> int | None:
-    """$LUDIC_FAST_CHUNK_ELEMENTS read now (so it can change between calls), or None when unset; a value that
-    is not a positive integer raises."""
-    raw = os.environ.get(CHUNK_ELEMENTS_ENV)
-    if raw is None or not raw.strip():
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{CHUNK_ELEMENTS_ENV} must be a positive integer, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{CHUNK_ELEMENTS_ENV} must be a positive integer, got {raw!r}")
-    return value
-
-
-def default_chunk_elements() -> int:
-    """The element rule's chunk when a call passes none: $LUDIC_FAST_CHUNK_ELEMENTS or DEFAULT_CHUNK_ELEMENTS."""
-    env = env_chunk_elements()
-    return DEFAULT_CHUNK_ELEMENTS if env is None else env
 
 
 # ----------------------------------------------------------------------------------------------- device
@@ -155,26 +137,6 @@ def default_memory_budget(model: DeviceModel, mode: str, n: int, d: int, v: int)
         return None
     allowance = min(WORKSPACE_CAP, int(model.memory_bytes * WORKSPACE_FRACTION))
     return accumulator_bytes(mode, n, d, v) + allowance
-
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_memory_budget(value: int | str | None, name: str = "memory_budget") -> int | None:
-    """Bytes from an int (> 0) or a string such as '4GiB', '512MiB', '3.5GB', '1e9'; None passes through."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"{name} must be an int number of bytes or a string like '4GiB', got {value!r}")
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", value)
-        if match is None or match.group(2).lower() not in _UNITS:
-            raise ValueError(f"{name} must be bytes like '4GiB', '512MiB', '3.5GB' or an int, got {value!r}")
-        value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0 bytes, got {value}")
-    return value
 
 
 # ------------------------------------------------------------------------------------------------ kernels
@@ -303,11 +265,6 @@ def _pieces(total: int, width: int) -> list[tuple[int, int]]:
     """[(count, size)] of `total` cut into pieces of `width` (the last one shorter)."""
     full, rest = divmod(total, width)
     return [(c, w) for c, w in ((full, width), (1 if rest else 0, rest)) if c]
-
-
-def _align_down(x: int, align: int, cap: int) -> int:
-    """`x` rounded down to a multiple of `align` (`cap` itself when x >= cap); 0 when below one multiple."""
-    return cap if x >= cap else x // align * align
 
 
 def _balanced(total: int, width: int, align: int) -> int:
@@ -446,43 +403,13 @@ def _price(s: _Shape, mode: str, strategy: str, rows: int, cols: int, grows: int
     return c
 
 
-# ---- candidate blocks
-def _elements_rule(n: int, v: int, elements: int, align: int = 1) -> tuple[int, int]:
-    """(tokens, vocab columns) with tokens x columns <= elements: whole vocabulary rows unless fewer than 16
-    (align > 1: `align`) fit, then that many tokens and a vocabulary slice; widths multiples of `align`. With
-    align = 1 this is the CPU rule and the `chunk_elements` override."""
-    min_rows = min(max(n, 1), _MIN_CHUNK_TOKENS if align == 1 else align)
-    if elements // v >= min_rows:
-        return max(1, _align_down(min(n, elements // v), align, n)), v
-    return min_rows, max(min(v, align), _align_down(elements // min_rows, align, v))
-
-
-def chunk_plan(n: int, v: int, chunk_elements: int | None) -> tuple[int, int]:
-    """(tokens, vocab columns) of one chunk under the element rule (None: `default_chunk_elements()`)."""
-    elements = default_chunk_elements() if chunk_elements is None else int(chunk_elements)
-    if elements < 1:
-        raise ValueError(f"chunk_elements must be >= 1, got {elements}")
-    return _elements_rule(n, v, elements)
-
-
-def grad_blocks(n: int, v: int, elements: int) -> tuple[int, int]:
-    """The workspace backward's blocks under a `chunk_elements` override: all tokens of a vocabulary slice of
-    at least 1024 columns when that fits (slices narrower than V: multiples of 128 columns), else 1024-column
-    slices of fewer tokens."""
-    cols = min(v, elements // max(n, 1))
-    if cols >= min(v, _MIN_GRAD_COLS):
-        return max(n, 1), cols if cols == v else cols // 128 * 128
-    cols = min(v, _MIN_GRAD_COLS)
-    return max(1, elements // cols), cols
-
-
 def _row_options(n: int, limit: int, align: int) -> list[int]:
     """Aligned token-chunk rows of at most `limit` rows: the largest (balanced) and a few smaller ones."""
-    top = _align_down(min(limit, n), align, n)
+    top = align_down(min(limit, n), align, n)
     out = set()
     while top > 0 and len(out) < 6:
         out.add(_balanced(n, top, align))
-        top = _align_down(top // 2, align, n) if top > align else 0
+        top = align_down(top // 2, align, n) if top > align else 0
     return sorted(out, reverse=True)
 
 
@@ -507,13 +434,13 @@ def _candidates(s: _Shape, mode: str, strategy: str, budget: int | None, chunk_e
         return [(n, v, n, v)]
     if chunk_elements is not None:  # the element rule: an override, or the CPU default
         elements = chunk_elements
-        rows, cols = _elements_rule(n, v, elements)
+        rows, cols = elements_rule(n, v, elements)
         if strategy != "torch" and not fused_modes:  # whole rows forward, sliced backward
             return [(n if strategy == "fused" else max(1, min(n, elements // v)), v, *grad_blocks(n, v, elements))]
         return [(rows, cols, rows, cols)]
     fixed = 4 * (n + v) * d if mode != "forward" else 0  # fp32 dh and dW accumulators (torch backend)
     if strategy == "torch":
-        rows, cols = _elements_rule(n, v, max(1, int((budget - fixed) // k.torch_chunk_bytes)), align)
+        rows, cols = elements_rule(n, v, max(1, int((budget - fixed) // k.torch_chunk_bytes)), align)
         return [(rows, cols, rows, cols)]
     if fused_modes:
         fixed = accumulator_bytes(mode, n, d, v) if not k.lean_accumulators else 0
@@ -525,7 +452,7 @@ def _candidates(s: _Shape, mode: str, strategy: str, budget: int | None, chunk_e
             stage_opts = _row_options(n, int(budget // (v * k.ws_bytes)), align)
             out += [(r, v, r, v, g) for r in stage_opts if (g := _stage_rows(n, d, v, r, s.e, budget, k)) > r]
         if not out:  # not even `align` whole rows: vocabulary slices (the torch chunk code), or the least memory
-            rows, cols = _elements_rule(n, v, max(1, int((budget - fixed) // k.torch_chunk_bytes)), align)
+            rows, cols = elements_rule(n, v, max(1, int((budget - fixed) // k.torch_chunk_bytes)), align)
             out = [(rows, cols, rows, cols), (min(n, align), v, min(n, align), v)]
         return out
     fwd_rows = n if strategy == "fused" else (_row_options(n, budget // (4 * v), align) or [min(n, align)])[0]
@@ -536,7 +463,7 @@ def _candidates(s: _Shape, mode: str, strategy: str, budget: int | None, chunk_e
         multi = grows < n
         spare = budget - 4 * n * d - (4 * v * d if multi else 0)  # dh fp32 (several slices), dW fp32 (chunks)
         extra = 4 * d if not (multi or k.lean_accumulators) else 0  # a slice's fp32 dW GEMM output
-        gcols = _align_down(int(spare // (grows * k.ws_bytes + extra)), align, v)
+        gcols = align_down(int(spare // (grows * k.ws_bytes + extra)), align, v)
         if k.lean_accumulators and grows * v * k.ws_bytes + (4 * v * d if multi else 0) <= budget:
             gcols = v  # one slice spans the vocabulary: dh needs no fp32 buffer
         if gcols > 0:
@@ -584,7 +511,7 @@ def plan_head(
         chunk_elements = env_chunk_elements()
         if chunk_elements is None:
             budget = default_memory_budget(model, mode, max(n, 1), max(d, 1), max(v, 1))
-            chunk_elements = DEFAULT_CHUNK_ELEMENTS if budget is None else None
+            chunk_elements = default_chunk_elements() if budget is None else None  # the CPU rule
     allowed = BACKEND_STRATEGIES[backend]
     if strategy not in (None, "auto", *allowed):
         raise ValueError(f"strategy must be one of {('auto', *allowed)} for backend={backend!r}, got {strategy!r}")
@@ -614,6 +541,5 @@ def _plan(n, d, v, dtype, mode, model, budget, chunk_elements, allowed, kernels)
 
 __all__ = [
     "plan_head", "HeadPlan", "DeviceModel", "KernelCosts", "KERNELS", "PRESETS", "device_model",
-    "default_memory_budget", "accumulator_bytes", "parse_memory_budget", "chunk_plan", "default_chunk_elements",
-    "MEASURED_KERNELS",
+    "default_memory_budget", "accumulator_bytes", "MEASURED_KERNELS",
 ]

@@ -12,9 +12,9 @@ Backward for per-token upstream gradients (g_lp, g_H), p = e^{z - lse}:
     dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z)
     d(raw)_j = dz_j / T * (1 - tanh^2) * logit_scale,   dh = d(raw) W,  dW = d(raw)^T h,  db = sum d(raw)
 
-The chunk sizes come from `ludic_fast.ops.plan` (on the CPU: chunks of DEFAULT_CHUNK_ELEMENTS logit
-elements). The chunk kernels here are also the building blocks of the fused-loss mode
-(`ludic_fast.ops.fused_loss`), which forms d(raw) in the forward pass. On CUDA with bf16/fp16 inputs the
+The chunk sizes come from `ludic_fast.ops.plan` (on the CPU: the element rule of `ludic_fast.ops.budget`,
+chunks of DEFAULT_CHUNK_ELEMENTS logit elements). The chunk kernels here are also the building blocks of the
+fused-loss mode (`ludic_fast.ops.fused_loss`), which forms d(raw) in the forward pass. On CUDA with bf16/fp16 inputs the
 logits GEMM has an fp32 output (no rounding of the logits to the input dtype) and the gradient GEMMs take
 d(raw) rounded to the input dtype with fp32 accumulation: the precision of the triton backend.
 """
@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from ludic_fast._common import per_token_temperature
-from ludic_fast.ops.plan import chunk_plan, plan_head
+from ludic_fast.ops.budget import chunk_plan
+from ludic_fast.ops.plan import plan_head
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class ChunkedHead:
     """Shared state of one head call: flattened inputs, transform, chunk blocks.
 
     `chunks`: (token rows, vocab columns) of one chunk (a `HeadPlan.blocks`), or a bound on the logit
-    elements of one chunk (None: `plan.default_chunk_elements()`) for `plan.chunk_plan`."""
+    elements of one chunk (None: `budget.default_chunk_elements()`) for `budget.chunk_plan`."""
 
     def __init__(
         self,
