@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ludic_fast.losses import HeadLoss, Stats
+from ludic_fast.reward_model import pair_reward_stats
 from ludic_fast.token_batch import TokenBatch
 
 
@@ -88,13 +89,9 @@ def _smoothed_sigmoid_loss(logits: Tensor, eps: float) -> Tensor:
 
 
 def _pair_stats(loss: Tensor, rw: Tensor, rl: Tensor, lw: Tensor, ll: Tensor) -> Stats:
-    rw, rl = rw.detach(), rl.detach()
     return {
         "loss": loss,
-        "rewards_chosen": rw.mean(),
-        "rewards_rejected": rl.mean(),
-        "rewards_margin": (rw - rl).mean(),
-        "rewards_accuracy": (rw > rl).float().mean(),
+        **pair_reward_stats(rw, rl),
         "logps_chosen": lw.detach().mean(),
         "logps_rejected": ll.detach().mean(),
     }

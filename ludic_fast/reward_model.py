@@ -51,6 +51,17 @@ def sequence_rewards(batch: Batch, hidden: Tensor, weight: Tensor, bias: Tensor 
     return r if bias is None else r + bias.float().reshape(())
 
 
+def pair_reward_stats(rw: Tensor, rl: Tensor) -> dict[str, Tensor]:
+    """Detached statistics of pair rewards r_w, r_l [P]: means of r_w, r_l, r_w - r_l and 1[r_w > r_l]."""
+    rw, rl = rw.detach(), rl.detach()
+    return {
+        "rewards_chosen": rw.mean(),
+        "rewards_rejected": rl.mean(),
+        "rewards_margin": (rw - rl).mean(),
+        "rewards_accuracy": (rw > rl).float().mean(),
+    }
+
+
 @dataclass
 class BradleyTerryLoss:
     """Pairwise reward-model loss (module docstring); call with hidden states + value head, or `rewards=` [S]."""
@@ -85,14 +96,7 @@ class BradleyTerryLoss:
         loss = F.softplus(-diff).mean()
         if self.center_rewards_coefficient:
             loss = loss + self.center_rewards_coefficient * (rw + rl).square().mean()
-        rw, rl = rw.detach(), rl.detach()
-        return loss, {
-            "loss": loss.detach(),
-            "rewards_chosen": rw.mean(),
-            "rewards_rejected": rl.mean(),
-            "rewards_margin": (rw - rl).mean(),
-            "rewards_accuracy": (rw > rl).float().mean(),
-        }
+        return loss, {"loss": loss.detach(), **pair_reward_stats(rw, rl)}
 
 
-__all__ = ["BradleyTerryLoss", "sequence_rewards", "last_positions"]
+__all__ = ["BradleyTerryLoss", "sequence_rewards", "last_positions", "pair_reward_stats"]
