@@ -31,6 +31,27 @@ def _tempered(row_ptr, b_ptr, cols, ok, inv_t, HAS_B: tl.constexpr):
 
 
 @triton.jit
+def _row_logps(s_row, t_row, bs_ptr, bt_ptr, v0, n_cols, inv_t, lse_s, lse_t,
+               HAS_BS: tl.constexpr, HAS_BT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Columns, mask, raw student logits (biased) and the log-probs S = z_s - lse_s, U = z_t - lse_t (0 past the
+    last column) of the block of the row starting at `v0`."""
+    cols = v0 + tl.arange(0, BLOCK_V)
+    ok = cols < n_cols
+    raw_s, zs = _tempered(s_row, bs_ptr, cols, ok, inv_t, HAS_BS)
+    _raw_t, zt = _tempered(t_row, bt_ptr, cols, ok, inv_t, HAS_BT)
+    return cols, ok, raw_s, tl.where(ok, zs - lse_s, 0.0), tl.where(ok, zt - lse_t, 0.0)
+
+
+@triton.jit
+def _log_mix(ls, lt, log_b, log_1b):
+    """log m = log(β q + (1-β) p) from S = log p, U = log q, computed as a stable two-term log-sum-exp."""
+    a = lt + log_b
+    b = ls + log_1b
+    hi = tl.maximum(a, b)
+    return hi + tl.log(1.0 + tl.exp(tl.minimum(a, b) - hi))
+
+
+@triton.jit
 def _rescale(m_old, m_new):
     return tl.where(m_old == float("-inf"), 0.0, tl.exp(m_old - m_new))
 
@@ -90,16 +111,9 @@ def divergence_rows_kernel(
     else:
         kl_t = 0.0
         for v0 in range(0, n_cols, BLOCK_V):
-            cols = v0 + tl.arange(0, BLOCK_V)
-            ok = cols < n_cols
-            _r, zs = _tempered(s_row, bs_ptr, cols, ok, inv_t, HAS_BS)
-            _r2, zt = _tempered(t_row, bt_ptr, cols, ok, inv_t, HAS_BT)
-            ls = tl.where(ok, zs - lse_s, 0.0)
-            lt = tl.where(ok, zt - lse_t, 0.0)
-            a = lt + log_b
-            b = ls + log_1b
-            hi = tl.maximum(a, b)
-            log_m = hi + tl.log(1.0 + tl.exp(tl.minimum(a, b) - hi))
+            _c, ok, _r, ls, lt = _row_logps(s_row, t_row, bs_ptr, bt_ptr, v0, n_cols, inv_t, lse_s, lse_t,
+                                            HAS_BS, HAS_BT, BLOCK_V)
+            log_m = _log_mix(ls, lt, log_b, log_1b)
             kl_t += tl.sum(tl.where(ok, tl.exp(lt) * (lt - log_m), 0.0), 0)
             kl_s += tl.sum(tl.where(ok, tl.exp(ls) * (ls - log_m), 0.0), 0)
         div = beta * kl_t + (1.0 - beta) * kl_s
@@ -113,23 +127,15 @@ def divergence_rows_kernel(
     if GRAD:
         w = tl.load(w_ptr + row) * inv_t
         for v0 in range(0, n_cols, BLOCK_V):
-            cols = v0 + tl.arange(0, BLOCK_V)
-            ok = cols < n_cols
-            raw_s, zs = _tempered(s_row, bs_ptr, cols, ok, inv_t, HAS_BS)
-            _r2, zt = _tempered(t_row, bt_ptr, cols, ok, inv_t, HAS_BT)
-            ls = tl.where(ok, zs - lse_s, 0.0)
-            lt = tl.where(ok, zt - lse_t, 0.0)
+            cols, ok, raw_s, ls, lt = _row_logps(s_row, t_row, bs_ptr, bt_ptr, v0, n_cols, inv_t, lse_s, lse_t,
+                                                 HAS_BS, HAS_BT, BLOCK_V)
             p = tl.exp(ls)
             if KIND == 0:
                 d = p - tl.exp(lt)
             elif KIND == 1:
                 d = p * (ls - lt - div)
             else:
-                a = lt + log_b
-                b = ls + log_1b
-                hi = tl.maximum(a, b)
-                log_m = hi + tl.log(1.0 + tl.exp(tl.minimum(a, b) - hi))
-                d = (1.0 - beta) * p * (ls - log_m - kl_s)
+                d = (1.0 - beta) * p * (ls - _log_mix(ls, lt, log_b, log_1b) - kl_s)
             if HARD:
                 p1 = tl.exp(raw_s - lse_1)
                 d = (1.0 - hard) * d + (hard / inv_t) * (p1 - tl.where(cols == tgt, 1.0, 0.0))
