@@ -72,8 +72,13 @@ log = logging.getLogger(__name__)
 
 _SCHEDULES = ("constant", "linear", "cosine")
 #: mixed_precision_dtype names -> autocast dtype
-MIXED_PRECISION = {None: None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                   "float16": torch.float16}
+MIXED_PRECISION = {
+    None: None,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
 _REF_RESETS = ("hard", "mix")
 
 
@@ -301,9 +306,14 @@ class Trainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.memory_estimate = estimate_peak_memory(
-            self.model, micro_tokens=cfg.micro_token_budget, compute_dtype=self.amp_dtype,
-            gradient_checkpointing=cfg.gradient_checkpointing, chunk_elements=cfg.chunk_elements,
-            memory_budget=cfg.memory_budget, backend=cfg.backend, device=self.device,
+            self.model,
+            micro_tokens=cfg.micro_token_budget,
+            compute_dtype=self.amp_dtype,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+            chunk_elements=cfg.chunk_elements,
+            memory_budget=cfg.memory_budget,
+            backend=cfg.backend,
+            device=self.device,
         )
         self.optimizer.zero_grad(set_to_none=True)
         self.step_idx = 0
@@ -323,8 +333,9 @@ class Trainer:
         if not wanted:
             return None
         if self.cfg.body_kernels is None and importlib.util.find_spec("liger_kernel") is None:
-            warnings.warn("body_kernels (auto on CUDA): liger-kernel is not installed; the body runs unfused",
-                          stacklevel=3)
+            warnings.warn(
+                "body_kernels (auto on CUDA): liger-kernel is not installed; the body runs unfused", stacklevel=3
+            )
             return None
         plan = apply_body_kernels(self.model)
         if plan is not None and self.ref_model is not None:
@@ -353,7 +364,10 @@ class Trainer:
             half = self.amp_dtype in dtypes or (param is not None and param.dtype in dtypes)
             auto_attention(model, self.device, half=half, max_seq_len=self.cfg.max_seq_len)
         packing = resolve_packed_attention(
-            model, path=self.cfg.packed_attention, device=self.device, max_seq_len=self.cfg.max_seq_len,
+            model,
+            path=self.cfg.packed_attention,
+            device=self.device,
+            max_seq_len=self.cfg.max_seq_len,
             training=training,
         )
         if self.cfg.check_packing:
@@ -424,8 +438,15 @@ class Trainer:
 
         def logprobs(head: LMHead, h: Tensor) -> Tensor:
             head, h = self._head_inputs(head, h)
-            out = head.logprobs(h, targets, temperature=self.cfg.temperature, entropy=False, backend=self.cfg.backend,
-                                chunk_elements=self.cfg.chunk_elements, memory_budget=self.cfg.memory_budget)
+            out = head.logprobs(
+                h,
+                targets,
+                temperature=self.cfg.temperature,
+                entropy=False,
+                backend=self.cfg.backend,
+                chunk_elements=self.cfg.chunk_elements,
+                memory_budget=self.cfg.memory_budget,
+            )
             return out.logprobs
 
         ref = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
@@ -439,8 +460,11 @@ class Trainer:
         empty = 0
         while True:
             if empty in (1, 10, 100, 1000, 10000):
-                log.warning("%d batch(es) in a row had every sample filtered out (max_lag / preprocess filters); "
-                            "the trainer keeps fetching", empty)
+                log.warning(
+                    "%d batch(es) in a row had every sample filtered out (max_lag / preprocess filters); "
+                    "the trainer keeps fetching",
+                    empty,
+                )
             saw_batch = await self.batch_source.next_batch()
             if self.cfg.max_lag is not None:
                 saw_batch.items = [
@@ -535,8 +559,14 @@ class Trainer:
             step_skipped=0.0 if finite else 1.0,
             lr=self.optimizer.param_groups[0]["lr"],
         )
-        for key in ("oversampling_factor", "zvp_filter_frac", "rollout_rounds", "zero_variance_group_frac",
-                    "zero_weight_frac", "empty_batches"):
+        for key in (
+            "oversampling_factor",
+            "zvp_filter_frac",
+            "rollout_rounds",
+            "zero_variance_group_frac",
+            "zero_weight_frac",
+            "empty_batches",
+        ):
             if key in saw_batch.meta:
                 stats[key] = float(saw_batch.meta[key])
         if self.ref_model is not None:
@@ -711,9 +741,6 @@ class Trainer:
 
     def train_sync(self, num_steps: int, *, log_fn: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
         return asyncio.run(self.train(num_steps, log_fn=log_fn))
-
-    def eval_sync(self) -> dict[str, float]:
-        return asyncio.run(self.eval())
 
 
 def _k3_on_samples(ref: Tensor, actor: Tensor, action_mask: Tensor) -> Tensor:
