@@ -2,7 +2,7 @@
 
 PrintLogger     "{prefix} [phase] step=N[/total] k=v ..." lines, floats at `precision` significant digits,
                 wrapped every `max_items_per_line` items with continuation lines indented to the header;
-                eval metrics only on the step they were measured; `warn(msg)` prints a warning line.
+                `warn(msg)` prints a warning line.
 RichLiveLogger  a rich Live dashboard: train / eval / perf panels (keys split by prefix; `eval_`/`eval/`
                 keys to eval, `perf/` and `gpu_` keys to perf) and a sparkline of `spark_key` (falling back
                 to `train/<spark_key>`) over the last min(history, spark_window, width) values, min-max scaled;
@@ -35,11 +35,6 @@ def _fmt(value: Any, precision: int) -> str:
     if isinstance(value, float):
         return f"{value:.{precision}g}"
     return str(value)
-
-
-def _stale_eval(step: int, stats: Mapping[str, Any]) -> bool:
-    """True for a train record repeating the last evaluation's metrics (its `eval/step` is not `step`)."""
-    return "eval/step" in stats and stats["eval/step"] != step
 
 
 def sparkline(values: Sequence[float], width: int | None = None) -> str:
@@ -79,8 +74,6 @@ class PrintLogger:
 
     def format(self, step: int, stats: Mapping[str, Any]) -> str:
         keys = [k for k in self.keys if k in stats] if self.keys else sorted(stats)
-        if _stale_eval(step, stats):
-            keys = [k for k in keys if not k.startswith("eval/")]
         parts = [f"{k}={_fmt(stats[k], self.precision)}" for k in keys]
         counter = f"{step}/{self.total_steps}" if self.total_steps is not None else str(step)
         header = f"{self.prefix}{f' [{self.phase}]' if self.phase else ''} step={counter}"
@@ -316,8 +309,7 @@ def plot_curves(
 ) -> Path:
     """PNG with two panels: reward (train, and eval when logged) and loss against step, one line per
     `phase` (records without a phase form one line); phases in `no_reward_phases` (SFT: no rollouts,
-    its logged reward is a placeholder 0) get no train-reward line; eval points are taken from the records
-    of the eval itself (`eval/step == step`), not from train records repeating them. Returns the path."""
+    its logged reward is a placeholder 0) get no train-reward line. Returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -329,8 +321,6 @@ def plot_curves(
         for key in (reward_key, loss_key, eval_key):
             if key == reward_key and phase in no_reward_phases:
                 continue
-            if key == eval_key and r.get("eval/step", r.get("step")) != r.get("step"):
-                continue  # a train record repeating the last eval's metrics
             value = r.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value) and "step" in r:
                 series.setdefault((key, phase), []).append((float(r["step"]), float(value)))

@@ -320,7 +320,6 @@ class Trainer:
         self.skipped_steps = 0
         self.ref_resets = 0
         self.kl_ref_ema: float | None = None
-        self.last_eval_stats: dict[str, float] = {}
         self.checkpointer = None if checkpoint_config is None else CheckpointManager(checkpoint_config)
         if resume_from is not None:
             self.resume(resume_from)
@@ -588,7 +587,7 @@ class Trainer:
         grouped = group_log_stats(stats)
         if self.train_logger is not None:
             with contextlib.suppress(Exception):
-                self.train_logger.log(self.step_idx, {**grouped, **self.last_eval_stats})
+                self.train_logger.log(self.step_idx, grouped)
         return grouped
 
     def _track_reference(self, kl_ref: list[Tensor], stats: Mapping[str, float]) -> None:
@@ -707,14 +706,14 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------- loops
     async def eval(self) -> dict[str, float]:
-        """Run the evaluator; its metrics become `eval/<k>` plus `eval/step`, logged with the next steps."""
+        """Run the evaluator; its metrics become `eval/<k>` plus `eval/step`, logged as a record of their own
+        at the current step (train records carry no eval values)."""
         result = self.evaluator.evaluate()
         if inspect.isawaitable(result):
             result = await result
         self.model.train()
         stats = {(k if k.startswith("eval/") else f"eval/{k}"): float(v) for k, v in result.items()}
         stats["eval/step"] = self.step_idx
-        self.last_eval_stats = stats
         if self.train_logger is not None:
             with contextlib.suppress(Exception):
                 self.train_logger.log(self.step_idx, dict(stats))

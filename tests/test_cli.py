@@ -10,8 +10,24 @@ import pytest
 from ludic_fast import cli, train_cli
 from ludic_fast.loggers import read_jsonl
 
-FAST = ["--sft-steps", "2", "--rl-steps", "3", "--prompts-per-batch", "4", "--group-size", "4", "--eval-every", "2",
-        "--logger", "none", "--threads", "1", "--device", "cpu"]
+FAST = [
+    "--sft-steps",
+    "2",
+    "--rl-steps",
+    "3",
+    "--prompts-per-batch",
+    "4",
+    "--group-size",
+    "4",
+    "--eval-every",
+    "2",
+    "--logger",
+    "none",
+    "--threads",
+    "1",
+    "--device",
+    "cpu",
+]
 
 
 def test_demo_runs_and_writes_outputs(tmp_path, capsys):
@@ -31,9 +47,34 @@ def test_demo_runs_and_writes_outputs(tmp_path, capsys):
     assert not any("train/avg_total_reward" in r for r in records if r["phase"] == "sft")  # no RL-only metric
 
 
+def test_eval_values_only_on_eval_steps(tmp_path, capsys):
+    """Eval every 2 RL steps (and at start): eval keys sit exactly on the records of steps 0, 2, 4, each
+    measured at that step; no train record repeats them, in metrics.jsonl or on the console."""
+    args = ["train", *FAST, "--sft-steps", "0", "--rl-steps", "5", "--logger", "print", "--no-plot"]
+    assert train_cli.main([*args, "--output-dir", str(tmp_path)]) == 0
+    records = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["phase"] == "rl"]
+    evals = [r for r in records if any(k.startswith("eval/") for k in r)]
+    assert [r["step"] for r in evals] == [0, 2, 4]
+    assert all(r["eval/step"] == r["step"] and isinstance(r["eval/reward"], float) for r in evals)
+    assert [r["step"] for r in records if "train/loss" in r and r not in evals] == [1, 2, 3, 4, 5]
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[trainer] [rl] step=")]
+    assert [ln.split()[2] for ln in lines if "eval/reward=" in ln] == ["step=0/5", "step=2/5", "step=4/5"]
+
+
 def test_train_resume_continues_rl_phase_with_lora(tmp_path):
-    args = ["train", *FAST, "--output-dir", str(tmp_path), "--checkpoint-every", "1", "--no-plot", "--eval-every", "0",
-            "--lora-r", "2"]
+    args = [
+        "train",
+        *FAST,
+        "--output-dir",
+        str(tmp_path),
+        "--checkpoint-every",
+        "1",
+        "--no-plot",
+        "--eval-every",
+        "0",
+        "--lora-r",
+        "2",
+    ]
     assert train_cli.main(args) == 0
     assert (tmp_path / "rl" / "latest.json").is_file() and (tmp_path / "sft" / "latest.json").is_file()
     args[args.index("--rl-steps") + 1] = "5"
@@ -94,8 +135,9 @@ def test_train_default_output_dir_is_named_after_task_and_preset(tmp_path, monke
 def test_rollout_source_follows_the_sampling_flags():
     """`ludic-fast train` and the pipeline actor build their rollouts with `build_rollout_source`: the
     sampling flags and the preset's dynamic-sampling default reach the source."""
-    args = train_cli.build_parser("x").parse_args(["--preset", "dapo", "--tie-jitter", "0.1", "--max-rounds", "3",
-                                                   "--device", "cpu"])
+    args = train_cli.build_parser("x").parse_args(
+        ["--preset", "dapo", "--tie-jitter", "0.1", "--max-rounds", "3", "--device", "cpu"]
+    )
     tok, task = train_cli.prepare(args, "train")
     source = train_cli.build_rollout_source(args, None, tok, task, train_cli.make_algorithm(args))
     assert (source.dynamic_sampling, source.max_rounds, source.tie_jitter) == (True, 3, 0.1)
