@@ -1,6 +1,7 @@
 """The preference and distillation workloads of `ludic-fast bench` (dpo, orpo, jsd) at tiny shapes: every
 implementation computes the float64 reference's loss and gradients, pair batches have an even number of
-sequences, the rows each implementation scores, the workloads' own goal verdicts, and the `preference` preset."""
+sequences, the rows each implementation scores, the workloads' own goal verdicts, and the `preference` preset (also with
+`--same-rows`: every implementation scoring the same rows)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ FAST = Options(threads=1, repeats=1, warmup=0, check_tokens=32, in_process=True)
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
 HAS_TRL = importlib.util.find_spec("trl") is not None
 KEY = Shape(n=2048, d=896, v=151936, seq_len=512)
+#: the preference preset at a tiny shape, every case measured once in this process
+TINY_PRESET = (
+    "--preset preference --device cpu --shapes 48x16x257 --seq-len 16 --one-process --repeats 1 --warmup 0 "
+    "--threads 1 --check-tokens 16"
+).split()
 
 
 @pytest.mark.parametrize("workload", ["dpo", "orpo", "jsd"])
@@ -56,6 +62,19 @@ def test_pair_batches_have_an_even_number_of_sequences():
     assert impls._rows(dpo, inp).shape == (36, 16)
 
 
+def test_same_rows_scores_every_position_after_the_first():
+    dpo, cispo = WORKLOADS["dpo"], WORKLOADS["cispo"]
+    same = dataclasses.replace(TINY, same_rows=True)
+    assert dpo.layout(same) == (4, 12) and same.label() == "N=48 D=16 V=257 float32, same rows"
+    mask = make_inputs("dpo", same).batch["action_mask"]
+    assert (mask[:, 0] == 0).all() and (mask[:, 1:] == 1).all()
+    # ours scores what Liger computes: 4 x 11 (pairs), 3 x 15 (cispo); the reference all B*T rows
+    for w, rows in ((dpo, 44), (cispo, 45)):
+        got = {name: impls.IMPLS[name].rows_computed(w, same) for name in ("ours-fused", "liger", "trl")}
+        assert w.scored_rows(same) == rows and got == {"ours-fused": rows, "liger": rows, "trl": rows}
+    assert report.goals_apply(KEY) and not report.goals_apply(dataclasses.replace(KEY, same_rows=True))
+
+
 def test_distill_inputs_cut_the_teacher_with_the_student():
     inp = make_inputs("jsd", TINY)
     assert inp.hidden.shape == (48, 16) and inp.teacher[0].shape == (48, 16) and inp.teacher[1].shape == (257, 16)
@@ -72,8 +91,11 @@ def _case(impl, role, median, peak, workload):
 
 def test_preference_goals_replace_the_rl_goals():
     gib = 2**30
-    dpo = [_case("ours-fused", "ours", 12.0, 2 * gib, "dpo"), _case("liger", "peer", 18.0, 2.5 * gib, "dpo"),
-           _case("reference", "reference", 16.0, 6 * gib, "dpo")]
+    dpo = [
+        _case("ours-fused", "ours", 12.0, 2 * gib, "dpo"),
+        _case("liger", "peer", 18.0, 2.5 * gib, "dpo"),
+        _case("reference", "reference", 16.0, 6 * gib, "dpo"),
+    ]
     ratios = report.ours_table(report.groups(dpo)[(KEY, "dpo")])
     # 12 / 18 = 0.67 > 0.6; peak 2 / 2.5 = 0.8 <= 1.0; no goal against the reference; no stretch line
     assert "| ours-fused | liger | 0.67 | ≤ 0.6: missed by 1.11× | 0.80 | ≤ 1: met |" in ratios
@@ -87,12 +109,28 @@ def test_preference_goals_replace_the_rl_goals():
 def test_preference_preset_runs_at_a_tiny_shape(tmp_path):
     assert cli.PRESETS["preference"]["shapes"] == [(2048, 896, 151936)]
     assert not set(cli.PRESETS["cpu"]["workloads"]) & {"dpo", "orpo", "jsd"}
-    rc = cli.main(["--preset", "preference", "--device", "cpu", "--shapes", "48x16x257", "--seq-len", "16",
-                   "--impls", "ours-fused,reference", "--one-process", "--repeats", "1", "--warmup", "0",
-                   "--threads", "1", "--check-tokens", "16", "--out", str(tmp_path)])
+    rc = cli.main([*TINY_PRESET, "--impls", "ours-fused,reference", "--out", str(tmp_path)])
     assert rc == 0
     loaded, _ = cli.load_results(tmp_path / "results.json")
     assert [(r.workload, r.impl, r.status) for r in loaded] == [
-        (w, i, "ok") for w in ("dpo", "orpo", "jsd") for i in ("ours-fused", "reference")]
+        (w, i, "ok") for w in ("dpo", "orpo", "jsd") for i in ("ours-fused", "reference")
+    ]
     assert "## jsd — N=48 D=16 V=257 float32" in (tmp_path / "results.md").read_text()
 
+
+def test_preference_preset_same_rows(tmp_path, monkeypatch):
+    """`--same-rows` reaches every case (shape, inputs, rows), keeps each implementation on the float64
+    reference and writes beside the preset's table, not over it."""
+    monkeypatch.chdir(tmp_path)
+    names = ["ours-fused", "reference"] + ["liger"] * HAS_LIGER
+    rc = cli.main([*TINY_PRESET, "--workloads", "dpo", "--impls", ",".join(names), "--same-rows"])
+    assert rc == 0
+    out = tmp_path / "bench" / "results" / "preference" / "same-rows"
+    loaded, meta = cli.load_results(out / "results.json")
+    assert [r.impl for r in loaded] == names and "--same-rows" in meta["command"]
+    for r in loaded:
+        assert r.status == "ok" and r.shape.same_rows and r.errors["loss"] < 1e-5, r
+        assert r.errors["grad_hidden_rel"] < 1e-5 and r.errors["grad_weight_rel"] < 1e-5, r
+    text = (out / "results.md").read_text()
+    assert "## dpo — N=48 D=16 V=257 float32, same rows" in text and "| ours-fused | 44 |" in text
+    assert not (tmp_path / "bench" / "results" / "preference" / "results.json").exists()

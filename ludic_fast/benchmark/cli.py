@@ -3,6 +3,7 @@
     ludic-fast bench --preset key --out bench/results          # the key CPU table (N=2048, Qwen2.5-0.5B head)
     ludic-fast bench --preset cpu --out bench/results          # + N sweep, V sweep, D=2048 V=32000, head/SFT/RL
     ludic-fast bench --preset preference --device cpu          # dpo, orpo, jsd at N=2048 D=896 V=151936, CPU
+    ludic-fast bench --preset preference --device cpu --same-rows  # every impl scores the same rows (-> .../same-rows)
     ludic-fast bench --preset gpu-key                          # GPU: the anchor shape (-> bench/results/gpu/key)
     ludic-fast bench --preset gpu                              # GPU: six shapes, head + CISPO + SFT (-> .../gpu/full)
     ludic-fast bench --workloads head,cispo --n 512,1024 --d 896 --v 151936 --impls ours-fused,reference
@@ -32,8 +33,21 @@ from ludic_fast.benchmark.workloads import WORKLOADS, Shape
 
 QWEN_D, QWEN_V = 896, 151936  # Qwen2.5-0.5B head
 _CPU_IMPLS = ("ours-fused", "ours-generic", "reference", "liger", "trl", "verl", "gemm-fwd+bwd", "gemm-fwd")
-_GPU_IMPLS = ("ours-fused", "ours-generic", "ours-triton-fused", "ours-triton-workspace", "ours-torch", "reference",
-              "liger", "trl", "verl", "torch-lce", "cce", "gemm-fwd+bwd", "gemm-fwd")
+_GPU_IMPLS = (
+    "ours-fused",
+    "ours-generic",
+    "ours-triton-fused",
+    "ours-triton-workspace",
+    "ours-torch",
+    "reference",
+    "liger",
+    "trl",
+    "verl",
+    "torch-lce",
+    "cce",
+    "gemm-fwd+bwd",
+    "gemm-fwd",
+)
 #: the head op, SFT and the RL losses (the preference and distillation workloads have their own preset)
 _RL_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.kind in ("head", "ce", "rl"))
 #: (N, D, V): the anchor (Qwen2.5-7B-like head), Qwen2.5-0.5B's head at 16k tokens, Llama-3-8B's at 32k,
@@ -65,10 +79,20 @@ PRESETS: dict[str, dict] = {
         "dtype": "float32",
         "out": "bench/results/preference",
     },
-    "gpu": {"shapes": _GPU_SHAPES, "workloads": ("head", "cispo", "sft"), "impls": _GPU_IMPLS,
-            "out": "bench/results/gpu/full", **_GPU_RUNS},
-    "gpu-key": {"shapes": [GPU_ANCHOR], "workloads": ("head", "cispo", "sft"), "impls": _GPU_IMPLS,
-                "out": "bench/results/gpu/key", **_GPU_RUNS},
+    "gpu": {
+        "shapes": _GPU_SHAPES,
+        "workloads": ("head", "cispo", "sft"),
+        "impls": _GPU_IMPLS,
+        "out": "bench/results/gpu/full",
+        **_GPU_RUNS,
+    },
+    "gpu-key": {
+        "shapes": [GPU_ANCHOR],
+        "workloads": ("head", "cispo", "sft"),
+        "impls": _GPU_IMPLS,
+        "out": "bench/results/gpu/key",
+        **_GPU_RUNS,
+    },
     "smoke": {
         "shapes": [(64, 32, 1021), (128, 32, 1021)],
         "workloads": ("head", "cispo"),
@@ -98,8 +122,9 @@ def _triples(text: str) -> list[tuple[int, int, int]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ludic-fast bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="ludic-fast bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--preset", choices=sorted(PRESETS), help="shapes/workloads/implementations to start from")
     p.add_argument("--workloads", type=_csv, help=f"comma list of {sorted(WORKLOADS)}")
     p.add_argument("--impls", type=_csv, help=f"comma list of {sorted(IMPLS)}")
@@ -109,13 +134,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--v", type=_ints, help="comma list of vocabulary sizes V")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--seq-len", type=int, default=512, help="tokens per sequence of the loss batches")
+    p.add_argument(
+        "--same-rows",
+        action="store_true",
+        help="loss batches with a one-token prompt: every implementation scores the same rows (all "
+        "positions after the first, as Liger's [B, T] losses do) instead of ours and TRL the "
+        "completion rows only; the output goes to a same-rows/ subfolder, without goal verdicts",
+    )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=2, help="torch threads per case (CPU)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per case (default: the preset's, else 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed runs before timing (default: preset's, else 1)")
-    p.add_argument("--one-process", action="store_true", default=None,
-                   help="measure every case in this process (CUDA: the allocator peak is reset per case; the GPU "
-                        "presets' default); otherwise one process per case")
+    p.add_argument(
+        "--one-process",
+        action="store_true",
+        default=None,
+        help="measure every case in this process (CUDA: the allocator peak is reset per case; the GPU "
+        "presets' default); otherwise one process per case",
+    )
     p.add_argument("--check-tokens", type=int, default=256, help="tokens of the float64 error check (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per case")
@@ -134,7 +170,7 @@ def _shapes(args: argparse.Namespace, preset: dict) -> list[Shape]:
         triples = [(n, d, v) for d in ds for v in vs for n in ns]
     else:
         triples = preset.get("shapes", [(2048, QWEN_D, QWEN_V)])
-    return [Shape(n, d, v, dtype=dtype, seq_len=args.seq_len) for n, d, v in triples]
+    return [Shape(n, d, v, dtype=dtype, seq_len=args.seq_len, same_rows=args.same_rows) for n, d, v in triples]
 
 
 def _validate(names: list[str], known, what: str) -> list[str]:
@@ -167,12 +203,20 @@ def main(argv: list[str] | None = None) -> int:
     workloads = _validate(args.workloads or list(preset["workloads"]), WORKLOADS, "workloads")
     impls = _validate(args.impls or list(preset["impls"]), IMPLS, "implementations")
     shapes = _shapes(args, preset)
-    out = Path(args.out or preset.get("out", "bench/results"))
+    out = Path(args.out or Path(preset.get("out", "bench/results"), "same-rows" if args.same_rows else ""))
     warmup = args.warmup if args.warmup is not None else preset.get("warmup", 1)
     repeats = args.repeats if args.repeats is not None else preset.get("repeats", 3)
     one_process = bool(args.one_process if args.one_process is not None else preset.get("one_process", False))
-    opts = Options(device=device, threads=args.threads, repeats=repeats, warmup=warmup,
-                   check_tokens=args.check_tokens, seed=args.seed, timeout_s=args.timeout, in_process=one_process)
+    opts = Options(
+        device=device,
+        threads=args.threads,
+        repeats=repeats,
+        warmup=warmup,
+        check_tokens=args.check_tokens,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        in_process=one_process,
+    )
     load_before = _load_average()
     started = datetime.datetime.now(datetime.timezone.utc)
     results = run_suite(impls, workloads, shapes, opts)
@@ -217,8 +261,12 @@ def device_info(device: str) -> dict[str, str]:
         return {}
     props = torch.cuda.get_device_properties(torch.device(device))
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         driver = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout.strip() else "unknown"
     except (OSError, subprocess.TimeoutExpired):
         driver = "unknown (no nvidia-smi)"

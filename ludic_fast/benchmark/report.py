@@ -40,8 +40,24 @@ GOAL_SHAPES = {(2048, 896, 151936, "float32")}
 STRETCH_FACTOR = 1.15
 _GIB = 2**30
 #: tab20 colours in a fixed order: one colour per implementation in every plot
-_PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-            "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94"]
+_PALETTE = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+]
 
 
 def colour(impl: str) -> str:
@@ -52,8 +68,8 @@ def colour(impl: str) -> str:
 
 
 def goals_apply(shape: Shape) -> bool:
-    """Whether the project's goals are stated for this shape."""
-    return (shape.n_tokens, shape.d, shape.v, shape.dtype) in GOAL_SHAPES
+    """Whether the project's goals are stated for this shape (in its default layout, not `same_rows`)."""
+    return (shape.n_tokens, shape.d, shape.v, shape.dtype) in GOAL_SHAPES and not shape.same_rows
 
 
 def scored_rows(r: CaseResult) -> int:
@@ -189,14 +205,18 @@ def ours_table(group: dict[str, CaseResult]) -> str:
             t, m = _ratio(r.median_s, o.median_s), _ratio(r.peak_bytes, o.peak_bytes)
             tg = time_goals.get(other) if goals else None
             mg = memory_goals.get(other) if goals else None
-            lines.append(f"| {name} | {other} | {_fmt(t, '.2f')} | {_goal_cell(t, tg)} | {_fmt(m, '.2f')} "
-                         f"| {_goal_cell(m, mg)} |")
+            lines.append(
+                f"| {name} | {other} | {_fmt(t, '.2f')} | {_goal_cell(t, tg)} | {_fmt(m, '.2f')} "
+                f"| {_goal_cell(m, mg)} |"
+            )
         if goals and r.workload not in WORKLOAD_GOALS:
             above = above_runtime(r)
             bound = STRETCH_FACTOR * io_bytes(r.shape)
             above_gib = _fmt(None if above is None else above / _GIB, ".2f")
-            lines.append(f"| {name} | stretch: inputs + grads + 15% = {bound / _GIB:.2f} GiB | | "
-                         f"| {above_gib} GiB above runtime | {_verdict(above, bound)} |")
+            lines.append(
+                f"| {name} | stretch: inputs + grads + 15% = {bound / _GIB:.2f} GiB | | "
+                f"| {above_gib} GiB above runtime | {_verdict(above, bound)} |"
+            )
     return "\n".join(lines)
 
 
@@ -218,7 +238,8 @@ def markdown_report(results: list[CaseResult], meta: dict[str, str]) -> str:
         "GEMMs = the three bare GEMMs of the scored rows (z = hWᵀ, dh = zW, dW = zᵀh: 6NDV), the physical",
         "floor. Useful TFLOP/s counts 6NDV per fwd+bwd step over the scored rows (2NDV for gemm-fwd); a",
         "backward that recomputes logits does 8NDV then. Goal verdicts appear only at the shapes the goals",
-        "are stated for (" + ", ".join(f"N={n} D={d} V={v} {dt}" for n, d, v, dt in sorted(GOAL_SHAPES)) + ").",
+        "are stated for (" + ", ".join(f"N={n} D={d} V={v} {dt}" for n, d, v, dt in sorted(GOAL_SHAPES)) + "),",
+        "not in a *same rows* run (a one-token prompt: every implementation scores all positions after the first).",
     ]
     for (shape, workload), group in groups(results).items():
         lines += ["", f"## {workload} — {shape.label()}", "", results_table(group), "", ours_table(group)]
@@ -256,8 +277,11 @@ def plot_scaling(results: list[CaseResult], workload: str, axis: str, path: str 
     label = "N (tokens)" if axis == "n" else "V (vocabulary)"
     other = f"D={fixed[0]} {'V' if axis == 'n' else 'N'}={fixed[1]} {fixed[2]}"
     ax_t.set(xlabel=label, ylabel="fwd+bwd time, s (median)", title=f"{workload}: time ({other})")
-    ax_m.set(xlabel=label, ylabel="peak beyond runtime, inputs and gradients, GiB",
-             title=f"{workload}: transient memory ({other})")
+    ax_m.set(
+        xlabel=label,
+        ylabel="peak beyond runtime, inputs and gradients, GiB",
+        title=f"{workload}: transient memory ({other})",
+    )
     for ax in (ax_t, ax_m):
         ax.grid(alpha=0.3)
     ax_m.legend(fontsize=8)
@@ -274,13 +298,17 @@ def _most_common(items: list[tuple]) -> tuple | None:
 def summary_table(results: list[CaseResult]) -> str:
     """The key table printed at the end of a run: per (workload, shape) every implementation's median
     time, µs per scored row, extra memory over the inputs, or why it did not run."""
-    lines = ["| workload | shape | implementation | median ms | µs/row | extra GiB | status |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| workload | shape | implementation | median ms | µs/row | extra GiB | status |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for (shape, workload), group in groups(results).items():
         for name, r in group.items():
             extra = extra_bytes(r)
             status = "ok" if r.status == "ok" else f"{r.status}: {r.reason}"
-            lines.append(f"| {workload} | {shape.label()} | {name} | {_fmt(r.median_s and r.median_s * 1e3, '.2f')} "
-                         f"| {_fmt(us_per_row(r), '.3g')} | {_fmt(None if extra is None else extra / _GIB, '.2f')} "
-                         f"| {status} |")
+            lines.append(
+                f"| {workload} | {shape.label()} | {name} | {_fmt(r.median_s and r.median_s * 1e3, '.2f')} "
+                f"| {_fmt(us_per_row(r), '.3g')} | {_fmt(None if extra is None else extra / _GIB, '.2f')} "
+                f"| {status} |"
+            )
     return "\n".join(lines)

@@ -35,13 +35,16 @@ class Shape:
 
     Loss workloads use B = max(1, round(N / seq_len)) sequences of T = N // B tokens (pair workloads an
     even B: `Workload.layout`), so `n_tokens` (= B * T) can be a little below the requested N when N is not
-    a multiple of B."""
+    a multiple of B. Their prompt is the first quarter of each sequence; with `same_rows` the first token
+    only, so the rows to score are all B * (T - 1) shifted positions: the rows Liger's [B, T] losses
+    compute, and every implementation scores the same rows."""
 
     n: int
     d: int
     v: int
     dtype: str = "float32"
     seq_len: int = 512
+    same_rows: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n", "d", "v", "seq_len"):
@@ -69,7 +72,7 @@ class Shape:
         return DTYPES[self.dtype]
 
     def label(self) -> str:
-        return f"N={self.n_tokens} D={self.d} V={self.v} {self.dtype}"
+        return f"N={self.n_tokens} D={self.d} V={self.v} {self.dtype}" + (", same rows" if self.same_rows else "")
 
 
 @dataclass(frozen=True)
@@ -113,12 +116,13 @@ class Workload:
         if not self.is_loss:
             return shape.n_tokens
         b, t = self.layout(shape)
-        return b * (t - prompt_tokens(t))
+        return b * (t - prompt_tokens(t, shape.same_rows))
 
 
-def prompt_tokens(seq_tokens: int) -> int:
-    """The prompt length of each benchmark sequence: the first quarter (at least one token)."""
-    return max(1, seq_tokens // 4)
+def prompt_tokens(seq_tokens: int, same_rows: bool = False) -> int:
+    """The prompt length of each benchmark sequence: the first quarter (at least one token); with
+    `same_rows` one token."""
+    return 1 if same_rows else max(1, seq_tokens // 4)
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -255,8 +259,12 @@ def make_inputs(workload: str, shape: Shape, seed: int = 0, device: str | torch.
     kind = w.kind
     if kind == "distill":
         teacher = (torch.randn(N, D, generator=g), torch.randn(V, D, generator=g).mul_(LOGIT_STD / math.sqrt(D)))
-        return Inputs(hidden.to(device=device, dtype=dt), weight.to(device=device, dtype=dt), ids.to(device),
-                      teacher=tuple(t.to(device=device, dtype=dt) for t in teacher))
+        return Inputs(
+            hidden.to(device=device, dtype=dt),
+            weight.to(device=device, dtype=dt),
+            ids.to(device),
+            teacher=tuple(t.to(device=device, dtype=dt) for t in teacher),
+        )
     if kind not in ("rl", "pair"):
         g_lp = torch.randn(N, generator=g)
         g_h = torch.randn(N, generator=g)
@@ -269,7 +277,7 @@ def make_inputs(workload: str, shape: Shape, seed: int = 0, device: str | torch.
         )
     input_ids = ids.reshape(B, T)
     h3 = hidden.reshape(B, T, D)
-    batch = _ludic_batch(h3, weight, input_ids, g)
+    batch = _ludic_batch(h3, weight, input_ids, g, prompt_tokens(T, shape.same_rows))
     if kind == "pair":
         batch["ref_seq_logps"] = torch.zeros(B)
     return Inputs(
@@ -280,11 +288,12 @@ def make_inputs(workload: str, shape: Shape, seed: int = 0, device: str | torch.
     )
 
 
-def _ludic_batch(hidden: Tensor, weight: Tensor, input_ids: Tensor, g: torch.Generator) -> dict[str, Tensor]:
-    """Ludic batch: the first quarter of each sequence is prompt (action_mask 0), the rest actions."""
+def _ludic_batch(
+    hidden: Tensor, weight: Tensor, input_ids: Tensor, g: torch.Generator, prompt: int
+) -> dict[str, Tensor]:
+    """Ludic batch: the first `prompt` tokens of each sequence are prompt (action_mask 0), the rest actions."""
     B, T = input_ids.shape
     V = weight.shape[0]
-    prompt = prompt_tokens(T)
     action_mask = torch.zeros(B, T, dtype=torch.long)
     action_mask[:, prompt:] = 1
     target_logit = torch.einsum("btd,btd->bt", hidden[:, :-1], weight[input_ids[:, 1:]])
