@@ -58,7 +58,8 @@ def _dw_group(p, n: int) -> str:
 
 
 def curve_table(device: str) -> str:
-    """CISPO (fused-loss mode) predicted time and transient memory against the memory budget."""
+    """CISPO (fused-loss mode) predicted time and transient memory against the memory budget ("tl.dot": the
+    fused strategy's plan)."""
     budgets = (1, 2, 3, 4, 6, 8)
     out = ["| shape | " + " | ".join(f"{b} GiB" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
     for name in ("anchor", "qwen0.5b", "llama8b"):
@@ -67,7 +68,8 @@ def curve_table(device: str) -> str:
         for b in budgets:
             p = plan_head(n, d, v, mode=mode, device=device, memory_budget=b * GiB)
             over = "" if p.fits else " (over)"
-            cells.append(f"{p.predicted_s * 1e3:.1f} ms / {p.transient_bytes / GiB:.2f}{over}")
+            dot = " tl.dot" if p.strategy == "fused" else ""
+            cells.append(f"{p.predicted_s * 1e3:.1f} ms / {p.transient_bytes / GiB:.2f}{dot}{over}")
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 

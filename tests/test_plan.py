@@ -256,3 +256,38 @@ def test_dw_staging_when_one_fp32_dw_does_not_fit():
     assert dict(plan.terms)["dW"] == pytest.approx((2 + 4) * v * d / 3.0e12)
     assert P.plan_head(n, d, v, mode="fused_loss", device="h100", memory_budget=2 * P.GiB,
                        kernels=MEASURED).stage_rows is None  # the measured kernels could not stage
+
+
+def test_fused_loss_tl_dot_strategy_terms_and_memory():
+    """The fused (tl.dot) strategy in fused-loss mode: statistics and the recompute are two tl.dot passes at
+    `fused_fwd_fraction` of the GEMM rate plus cuBLAS dh and dW (8NDV, coupled or not), 6 bytes per logit
+    element (d(raw) written in bf16 2, read by both GEMMs 2 + 2), and a bf16 [rows, V] d(raw) buffer as its
+    only chunk memory (half the workspace strategy's fp32 chunk)."""
+    n, d, v = 6144, 896, 151936
+    lean = P.KERNELS
+    for mode in ("fused_loss", "coupled"):
+        plan = P.plan_head(n, d, v, mode=mode, device="h100", chunk_elements=n * v, strategy="fused", kernels=lean)
+        two_dots = 2 * 2 * n * d * v / (765e12 * lean.fused_fwd_fraction)
+        assert plan.strategy == "fused"
+        assert dict(plan.terms)["gemm"] == pytest.approx(two_dots + 4 * n * d * v / 765e12)
+        assert dict(plan.terms)["epilogue"] == pytest.approx(6 * n * v / 3.0e12)
+        assert plan.transient_bytes == n * v * 2
+    workspace = P.plan_head(n, d, v, mode="fused_loss", device="h100", chunk_elements=n * v, strategy="workspace",
+                            kernels=lean)
+    assert workspace.transient_bytes == n * v * 4
+
+
+def test_auto_weighs_both_strategies_in_fused_loss_mode():
+    """Auto takes the predicted-faster strategy per budget: at D=4096 the cuBLAS workspace (the tl.dot GEMMs
+    are slower and the GEMMs dominate); under a budget where the workspace must cut small chunks that each
+    read-modify-write an fp32 dW, the tl.dot strategy's smaller buffer can win. The measured kernels (atomic
+    tl.dot backward) had no fused-loss tl.dot path, so they never plan one."""
+    for shape in ((6144, 4096, 151936), (12288, 896, 151936), (24576, 4096, 128256)):
+        for budget in (None, P.GiB, 2 * P.GiB, 4 * P.GiB):
+            kw = {"mode": "fused_loss", "device": "h100", "memory_budget": budget, "kernels": P.KERNELS}
+            auto, ws, dot = (P.plan_head(*shape, strategy=s, **kw) for s in ("auto", "workspace", "fused"))
+            fitting = [p for p in (ws, dot) if p.fits]
+            if fitting:
+                assert auto.fits and auto.predicted_s == min(p.predicted_s for p in fitting)
+    assert P.plan_head(6144, 4096, 151936, mode="fused_loss", device="h100", kernels=P.KERNELS).strategy == "workspace"
+    assert _plan((6144, 896, 151936), mode="fused_loss", strategy="fused").strategy == "workspace"

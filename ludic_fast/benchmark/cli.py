@@ -38,6 +38,8 @@ _GPU_IMPLS = (
     "ours-generic",
     "ours-triton-fused",
     "ours-triton-workspace",
+    "ours-fused-tl-dot",
+    "ours-fused-workspace",
     "ours-torch",
     "reference",
     "liger",

@@ -477,13 +477,18 @@ IMPLS: dict[str, Impl] = {
              "coupled 8NDV): what a loss user gets", _build_ours("auto", fused=True), _ours_fused_covers),
         Impl("ours-generic", "ours", "ludic_fast.linear_logprobs / linear_cross_entropy + autograd (backend auto); "
              "losses with fused=False (8NDV)", _build_ours("auto", fused=False), _ours_covers),
-        # the strategies are the head op's (a fused-loss call runs its own chunked schedule): so these run
-        # the row workloads and the losses in generic mode
+        # each strategy forced: the head op's (row workloads, losses in generic mode), then the fused-loss mode's
         Impl("ours-triton-fused", "ours", "as ours-generic, triton backend, fused strategy forced (tl.dot tiles, "
              "no workspace)", _build_ours("triton", fused=False, strategy="fused"), _ours_covers, cuda_only=True),
         Impl("ours-triton-workspace", "ours", "as ours-generic, triton backend, workspace strategy forced "
              "(cuBLAS GEMM chunks + Triton row kernel)", _build_ours("triton", fused=False, strategy="workspace"),
              _ours_covers, cuda_only=True),
+        Impl("ours-fused-tl-dot", "ours", "as ours-fused, triton backend, fused strategy forced (tl.dot "
+             "statistics and d(raw) recompute, no fp32 workspace: 8NDV)",
+             _build_ours("triton", fused=True, strategy="fused"), _ours_fused_covers, cuda_only=True),
+        Impl("ours-fused-workspace", "ours", "as ours-fused, triton backend, workspace strategy forced (cuBLAS "
+             "GEMM chunks + Triton row kernel: 6NDV)", _build_ours("triton", fused=True, strategy="workspace"),
+             _ours_fused_covers, cuda_only=True),
         Impl("ours-torch", "ours", "the user's default call (as ours-fused / ours-generic) on the torch backend",
              _build_ours("torch", fused=True), _ours_covers, cuda_only=True,
              cuda_reason="on CPU backend auto is torch: ours-fused / ours-generic are this"),

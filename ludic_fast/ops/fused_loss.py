@@ -25,12 +25,15 @@ No path allocates [N, V]: chunk rows (and vocabulary slices) come from `ludic_fa
 read-modify-write that every chunk costs.
 
 Backends: 'torch' (any device: chunk GEMM, then an in-place epilogue with one exp per logit) and 'triton'
-(the workspace strategy of `ludic_fast.ops.triton_head`: GEMM into a workspace, the Triton row kernel for
-statistics and d(raw), GEMMs for dh, dW). A sliced vocabulary always runs the torch chunk code.
+with the plan's strategy (env LUDIC_FAST_TRITON_STRATEGY forces one): 'workspace' (GEMM into an fp32
+workspace, the Triton row kernel for statistics and d(raw), GEMMs for dh, dW) or 'fused' (tl.dot statistics
+with no logits in memory, then the tl.dot gradient kernel recomputes the logits into a d(raw) buffer of the
+input dtype: 8NDV with 6 bytes per logit element). A sliced vocabulary always runs the torch chunk code.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -183,6 +186,43 @@ class _TritonRows:
         self.stage.add_(self.rows, d, self.h_c)
 
 
+class _TritonDotRows:
+    """One token chunk on the triton backend's fused strategy: statistics by the tl.dot forward kernel (no
+    logits in memory); the tl.dot gradient kernel recomputes the logits and writes d(raw) in the operand dtype
+    into the chunk's buffer `buf` (8NDV in all, no fp32 workspace); then dh[rows] = d(raw) W and `stage`'s dW."""
+
+    def __init__(self, head: ChunkedHead, plan: FusedPlan, rows: slice, buf: Tensor, stage: _DwStage, cfg):
+        from ludic_fast.ops.triton_head import kernel_targets
+
+        self.head, self.plan, self.rows, self.stage, self.cfg = head, plan, rows, stage, cfg
+        self.h_c = head.h_rows(rows)
+        self.w = head.weight.to(head.compute_dtype)
+        self.d = buf[: rows.stop - rows.start]
+        self.tgt = kernel_targets(head.targets[rows], -100)
+        self.inv_t = plan.transform.inv_temperature[rows].to(torch.float32).contiguous()
+
+    def stats(self) -> tuple[Tensor, Tensor, Tensor]:
+        from ludic_fast.ops.triton_head import FusedHeadFunction
+
+        lse, ez, lp, _ = FusedHeadFunction._stats(self.h_c, self.w, self.head.bias, self.tgt, self.inv_t, self.cfg,
+                                                  self.plan.with_entropy)
+        return lse, ez, lp + lse  # z_y (lp is 0 on ignored rows, which the caller masks)
+
+    def backward_(self, lse, ez, g_lp, g_H, dh, dW, db) -> None:
+        """dW is the stage's (the argument is the same buffer)."""
+        from ludic_fast.ops.triton_head import gemm_into, grad_config, launch_head_grad
+
+        cfg = self.cfg
+        launch_head_grad(self.h_c, self.w, self.head.bias, self.tgt, self.inv_t, lse, ez, g_lp, g_H, self.d,
+                         col_start=0, scale=cfg.scale, softcap=cfg.softcap, upcast=cfg.upcast,
+                         precision=cfg.precision, config=grad_config(self.h_c))
+        if db is not None:
+            db += self.d.sum(0, dtype=torch.float32)
+        if dh is not None:
+            gemm_into(dh[self.rows], self.d, self.w, accumulate=False)
+        self.stage.add_(self.rows, self.d, self.h_c)
+
+
 class _DwStage:
     """dW (+)= d(raw)^T h over groups of consecutive token chunks of at most `stage_rows` tokens.
 
@@ -264,24 +304,31 @@ class FusedLossFunction(torch.autograd.Function):
         H = torch.zeros(n, **acc) if plan.with_entropy else None
         if head.v_chunk < V:
             chunk_cls = _TorchSlices
+        elif plan.backend == "triton":
+            chunk_cls = _TritonDotRows if head_plan.strategy == "fused" else _TritonRows
         else:
-            chunk_cls = _TritonRows if plan.backend == "triton" else _TorchRows
+            chunk_cls = _TorchRows
         group_chunks = (_group_chunks(plan.groups, head.n_chunk, n, _group_limit(plan, head, hidden))
                         if plan.coupled else None)
         chunks = list(head.row_chunks()) if group_chunks is None else group_chunks
         db = torch.zeros(V, **acc) if (need_b and bias is not None) else None
-        if chunk_cls is _TritonRows:  # lean buffers: see _TritonRows and _DwStage
-            from ludic_fast.ops.triton_head import new_workspace
+        if chunk_cls in (_TritonRows, _TritonDotRows):  # lean buffers: see _TritonRows and _DwStage
+            from ludic_fast.ops.triton_head import KernelConfig, new_workspace
 
-            ws_buf = new_workspace(max((c.stop - c.start for c in chunks), default=0), V, hidden.device)
-            stage_rows = plan.dw_stage_rows or head_plan.stage_rows or head.n_chunk
+            tl_dot = chunk_cls is _TritonDotRows  # d(raw) in the operand dtype is the chunk's only buffer
+            width = max((c.stop - c.start for c in chunks), default=0)
+            buf = new_workspace(width, V, hidden.device, head.compute_dtype if tl_dot else torch.float32)
+            stage_rows = head.n_chunk if tl_dot else plan.dw_stage_rows or head_plan.stage_rows or head.n_chunk
             lowp = {"device": hidden.device, "dtype": head.compute_dtype}
             dh = torch.empty(n, hidden.shape[1], **lowp) if need_h else None
             stage = _DwStage(chunks, stage_rows, head, need_w)
             dW = stage.dW
+            cfg = KernelConfig.make(plan.transform, head.compute_dtype, head_plan) if tl_dot else None
 
             def make(rows: slice):
-                return _TritonRows(head, plan, rows, ws_buf, stage)
+                if tl_dot:
+                    return _TritonDotRows(head, plan, rows, buf, stage, cfg)
+                return _TritonRows(head, plan, rows, buf, stage)
 
         else:
 
@@ -342,12 +389,14 @@ class FusedLossFunction(torch.autograd.Function):
 
 
 def _head_plan(hidden: Tensor, weight: Tensor, plan: FusedPlan) -> HeadPlan:
-    """The cost model's plan (`plan_head`): chunk rows, vocab columns, dW staging rows."""
+    """The cost model's plan (`plan_head`): strategy (triton: env LUDIC_FAST_TRITON_STRATEGY, default auto),
+    chunk rows, vocab columns, dW staging rows."""
     mode = "coupled" if plan.coupled and plan.groups is None else "fused_loss"
+    strategy = os.environ.get("LUDIC_FAST_TRITON_STRATEGY", "auto") if plan.backend == "triton" else None
     return plan_head(
         hidden.shape[0], hidden.shape[1], weight.shape[0], dtype=torch.promote_types(hidden.dtype, weight.dtype),
         mode=mode, device=hidden.device, backend=plan.backend, memory_budget=plan.memory_budget,
-        chunk_elements=plan.chunk_elements,
+        chunk_elements=plan.chunk_elements, strategy=strategy,
     )
 
 

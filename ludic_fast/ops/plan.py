@@ -317,21 +317,31 @@ def _workspace_backward(c: _Cost, rows: int, cols: int, tl_dot: bool = False) ->
     c.peak = max(c.peak, mem)
 
 
-def _fused_loss_chunks(c: _Cost, rows: int, coupled: bool, stage: int | None) -> None:
+def _fused_loss_chunks(c: _Cost, rows: int, coupled: bool, stage: int | None, tl_dot: bool = False) -> None:
     """Token chunks of `rows` whole vocabulary rows; with `stage` > rows, the d(raw) of consecutive chunks is
-    staged (input dtype) in a [stage, V] buffer and each group of `stage` rows takes one dW GEMM."""
+    staged (input dtype) in a [stage, V] buffer and each group of `stage` rows takes one dW GEMM. `tl_dot`
+    (the fused strategy): statistics by the tl.dot forward and d(raw) by the tl.dot gradient kernel, both at
+    `fused_fwd_fraction` of the GEMM rate (8NDV in all, coupled or not), no fp32 workspace: the chunk's
+    d(raw) buffer in the input dtype is all its memory."""
     s, k = c.s, c.s.k
     chunks = _cdiv(s.n, rows)
     group = rows if stage is None else stage
-    if coupled:
-        _workspace_forward(c, rows)
+    if tl_dot:
+        for count, r in _pieces(s.n, rows):
+            c.gemm("gemm", r, s.v, s.d, 2 * count, rate_fraction=k.fused_fwd_fraction)  # statistics, recompute
+        c.traffic("epilogue", k.fused_grad_bytes * s.n * s.v)
+        c.launches(2 * chunks)  # the forward's merge, the gradient kernel
+    else:
+        if coupled:
+            _workspace_forward(c, rows)
+        for count, r in _pieces(s.n, rows):
+            c.gemm("gemm", r, s.v, s.d, count)
+        c.traffic("epilogue", k.loss_bytes * s.n * s.v)
     for count, r in _pieces(s.n, rows):
-        c.gemm("gemm", r, s.v, s.d, count)
         c.gemm("gemm", r, s.d, s.v, count)
     for count, g in _pieces(s.n, group):
         c.gemm("gemm", s.v, s.d, g, count)
-    c.traffic("epilogue", k.loss_bytes * s.n * s.v)
-    mem = rows * s.v * k.ws_bytes + (group * s.v * s.e if group > rows else 0)
+    mem = rows * s.v * (s.e if tl_dot else k.ws_bytes) + (group * s.v * s.e if group > rows else 0)
     mem += 4 * s.n * s.d if _accumulator(c, "dh", 1, s.n * s.d, True) else 0
     mem += 4 * s.v * s.d if _accumulator(c, "dW", _cdiv(s.n, group), s.v * s.d, True) else 0
     c.launches(k.launches_loss_chunk * chunks)
@@ -385,17 +395,17 @@ def _price(s: _Shape, mode: str, strategy: str, rows: int, cols: int, grows: int
     """The cost of one candidate plan."""
     c = _Cost(s)
     fused_modes = mode in ("fused_loss", "coupled")
-    if strategy == "fused":
+    if strategy == "torch" or cols < s.v:  # the torch backend, or the sliced-vocabulary fused loss
+        passes = {"forward": 1, "generic": 2, "coupled": 2}.get(mode, 1 if cols == s.v else 2)
+        _torch_blocks(c, rows, cols, passes, mode != "forward")
+    elif fused_modes:
+        _fused_loss_chunks(c, rows, mode == "coupled", stage, tl_dot=strategy == "fused")
+    elif strategy == "fused":
         _fused_dot(c)
         if mode == "generic" and s.k.fused_bwd_atomics:
             _fused_dot_backward(c)
         elif mode == "generic":
             _workspace_backward(c, grows, gcols, tl_dot=True)
-    elif strategy == "torch" or cols < s.v:  # the torch backend, or the sliced-vocabulary fused loss
-        passes = {"forward": 1, "generic": 2, "coupled": 2}.get(mode, 1 if cols == s.v else 2)
-        _torch_blocks(c, rows, cols, passes, mode != "forward")
-    elif fused_modes:
-        _fused_loss_chunks(c, rows, mode == "coupled", stage)
     else:
         _workspace_forward(c, rows)
         if mode == "generic":
@@ -443,10 +453,11 @@ def _candidates(s: _Shape, mode: str, strategy: str, budget: int | None, chunk_e
         rows, cols = elements_rule(n, v, max(1, int((budget - fixed) // k.torch_chunk_bytes)), align)
         return [(rows, cols, rows, cols)]
     if fused_modes:
+        per_row = v * (s.e if strategy == "fused" else k.ws_bytes)  # the chunk's workspace or d(raw) buffer
         fixed = accumulator_bytes(mode, n, d, v) if not k.lean_accumulators else 0
-        if k.lean_accumulators and n * v * k.ws_bytes > budget:  # several chunks: dW accumulates in fp32
+        if k.lean_accumulators and n * per_row > budget:  # several chunks: dW accumulates in fp32
             fixed = 4 * v * d
-        rows_opts = _row_options(n, int((budget - fixed) // (v * k.ws_bytes)), align)
+        rows_opts = _row_options(n, int((budget - fixed) // per_row), align)
         out = [(r, v, r, v) for r in rows_opts]
         if k.lean_accumulators and strategy == "workspace":  # rows of a workspace beside a dW staging buffer
             stage_opts = _row_options(n, int(budget // (v * k.ws_bytes)), align)
@@ -493,8 +504,7 @@ def plan_head(
     (strategies 'workspace', 'fused') or 'torch'. `memory_budget`: bytes (int or '4GiB'). `chunk_elements`:
     the low-level override (logit elements per chunk). Neither given: $LUDIC_FAST_CHUNK_ELEMENTS as
     chunk_elements when set, else the device default (`default_memory_budget`; the CPU: 64 Mi elements).
-    `strategy`: force one ('auto'/None: the fastest predicted). The fused-loss modes always use the workspace
-    strategy on the triton backend."""
+    `strategy`: force one ('auto'/None: the fastest predicted)."""
     for name, x in (("n", n), ("d", d), ("v", v)):
         if isinstance(x, bool) or not isinstance(x, int) or x < 0:
             raise ValueError(f"{name} must be an int >= 0, got {x!r}")
@@ -515,12 +525,12 @@ def plan_head(
     allowed = BACKEND_STRATEGIES[backend]
     if strategy not in (None, "auto", *allowed):
         raise ValueError(f"strategy must be one of {('auto', *allowed)} for backend={backend!r}, got {strategy!r}")
-    if mode in ("fused_loss", "coupled") and backend == "triton":
-        allowed = ("workspace",)
-    elif strategy not in (None, "auto"):
+    if strategy not in (None, "auto"):
         allowed = (strategy,)
-    return _plan(max(n, 1), max(d, 1), max(v, 1), dtype, mode, model, budget, chunk_elements, allowed,
-                 kernels or KERNELS)
+    kernels = kernels or KERNELS
+    if mode in ("fused_loss", "coupled") and kernels.fused_bwd_atomics:  # no tl.dot fused-loss path then
+        allowed = tuple(a for a in allowed if a != "fused") or ("workspace",)
+    return _plan(max(n, 1), max(d, 1), max(v, 1), dtype, mode, model, budget, chunk_elements, allowed, kernels)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -51,7 +51,7 @@ def _interpreting() -> bool:
 
 
 @dataclass(frozen=True)
-class _KernelConfig:
+class KernelConfig:
     """Compile-time (constexpr) parameters shared by the kernels of one call."""
 
     scale: float
@@ -62,8 +62,8 @@ class _KernelConfig:
     grad_block: tuple[int, int]  # (token rows, vocab columns) of one backward block
 
     @staticmethod
-    def make(transform: HeadTransform, dtype: torch.dtype, plan: HeadPlan) -> _KernelConfig:
-        return _KernelConfig(
+    def make(transform: HeadTransform, dtype: torch.dtype, plan: HeadPlan) -> KernelConfig:
+        return KernelConfig(
             scale=float(transform.logit_scale),
             softcap=None if transform.softcap is None else float(transform.softcap),
             upcast=_interpreting() and dtype == torch.bfloat16,
@@ -207,6 +207,11 @@ def _device_arch_and_programs(device: torch.device) -> tuple[int, int]:
     return (90 if props.major >= 9 else 80), props.multi_processor_count
 
 
+def grad_config(h: Tensor) -> dict:
+    """The tl.dot gradient kernel's launch config for rows `h` (by element size and device arch)."""
+    return GRAD_CONFIGS[(h.element_size(), _device_arch_and_programs(h.device)[0])]
+
+
 class _HeadFunctionBase(torch.autograd.Function):
     """Shared forward/backward bookkeeping; subclasses implement `_stats` and choose the backward's d(raw)
     producer (`_TL_DOT_GRAD`: the tl.dot gradient kernel, else GEMM + row kernel)."""
@@ -214,7 +219,7 @@ class _HeadFunctionBase(torch.autograd.Function):
     _TL_DOT_GRAD = False
 
     @classmethod
-    def forward(cls, ctx, h, w, b, tgt, inv_t, cfg: _KernelConfig, with_entropy: bool):  # type: ignore[override]
+    def forward(cls, ctx, h, w, b, tgt, inv_t, cfg: KernelConfig, with_entropy: bool):  # type: ignore[override]
         lse, ez, lp, ent = cls._stats(h, w, b, tgt, inv_t, cfg, with_entropy)
         ctx.save_for_backward(h, w, b, tgt, inv_t, lse, ez)
         ctx.cfg, ctx.with_entropy = cfg, with_entropy
@@ -255,7 +260,7 @@ def _block_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg, tl_dot: boo
     if n == 0 or not any(need):
         return tuple(None if g is None else g.zero_() for g in (dh, dw, db))
     buf = new_workspace(min(rows_per, n), min(cols_per, v), dev, h.dtype if tl_dot else torch.float32)
-    config = GRAD_CONFIGS[(h.element_size(), _device_arch_and_programs(dev)[0])] if tl_dot else None
+    config = grad_config(h) if tl_dot else None
     for ci, c0 in enumerate(range(0, v, cols_per)):
         c = slice(c0, min(v, c0 + cols_per))
         for ri, r0 in enumerate(range(0, n, rows_per)):
@@ -354,7 +359,7 @@ def triton_linear_logprobs(
                      memory_budget=memory_budget, chunk_elements=chunk_elements,
                      strategy=strategy or os.environ.get("LUDIC_FAST_TRITON_STRATEGY", "auto"))
     fn = FusedHeadFunction if plan.strategy == "fused" else WorkspaceHeadFunction
-    cfg = _KernelConfig.make(transform, dtype, plan)
+    cfg = KernelConfig.make(transform, dtype, plan)
     tgt = kernel_targets(targets, ignore_index)
     inv_t = transform.inv_temperature.to(torch.float32).reshape(n).contiguous()
     return fn.apply(h2.to(dtype), weight.to(dtype), bias, tgt, inv_t, cfg, bool(entropy))

@@ -108,12 +108,15 @@ def test_linear_cross_entropy(device, reduction):
         assert grad_err(gg, rg) <= GRAD_TOL[torch.float32], (name, grad_err(gg, rg))
 
 
-@pytest.mark.parametrize("path", ["fused", "generic"])
+@pytest.mark.parametrize("path,strategy", [("fused", "auto"), ("fused", "workspace"), ("fused", "fused"),
+                                           ("generic", "auto")])
 @pytest.mark.parametrize("name", ["cispo", "token_clipped"])
 @pytest.mark.parametrize("device", [on("cuda", id="cuda")])
-def test_rl_loss_at_a_real_vocabulary_bf16(device, name, path):
-    """B=4 sequences of 1024 tokens, D=256, V=151936, bf16 hidden and weight (the default chunk budget: the
-    workspace strategy on CUDA) against the reference on the float64 images."""
+def test_rl_loss_at_a_real_vocabulary_bf16(device, name, path, strategy, monkeypatch):
+    """B=4 sequences of 1024 tokens, D=256, V=151936, bf16 hidden and weight at the default budget, each
+    triton strategy forced in fused-loss mode (LUDIC_FAST_TRITON_STRATEGY), against the reference on the
+    float64 images."""
+    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", strategy)
     g = torch.Generator().manual_seed(2)
     B, T, D, V = 4, 1024, 256, 151936
     h = (torch.randn(B, T, D, generator=g)).to(torch.bfloat16)

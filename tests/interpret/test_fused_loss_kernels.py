@@ -3,7 +3,8 @@ fp32 workspace or into the dW staging buffer) against the reference, with low-pr
 chunk (dh and dW written once in the input dtype), several chunks each with its own dW GEMM (fp32 dW, the
 first with beta = 0), chunks staged into groups (two groups: fp32 dW; one group: dW in the input dtype), a
 token-local objective with logprob and entropy terms, a coupled one (two passes), and a grad_output that is
-not 1."""
+not 1. The fused (tl.dot) strategy runs the same cases: statistics by the tl.dot forward, d(raw) recomputed
+by the tl.dot gradient kernel into a buffer of the input dtype (no fp32 workspace)."""
 
 from __future__ import annotations
 
@@ -20,18 +21,19 @@ pytestmark = MARKS
 N, V, D = 40, 1021, 40
 
 
-def _record_schedule(monkeypatch) -> list[tuple[bool, int]]:
-    """(d(raw) staged, number of dW groups) of every triton chunk backward that runs from now on."""
+def _record_schedule(monkeypatch, chunk_cls: str = "_TritonRows") -> list[tuple[bool, int]]:
+    """(d(raw) staged, number of dW groups) of every triton chunk backward of `chunk_cls` from now on."""
     from ludic_fast.ops import fused_loss
 
     calls = []
-    backward = fused_loss._TritonRows.backward_
+    cls = getattr(fused_loss, chunk_cls)
+    backward = cls.backward_
 
     def spy(self, *args):
         calls.append((self.stage.out(self.rows) is not None, len(self.stage.groups)))
         return backward(self, *args)
 
-    monkeypatch.setattr(fused_loss._TritonRows, "backward_", spy)
+    monkeypatch.setattr(cls, "backward_", spy)
     return calls
 
 
@@ -61,13 +63,24 @@ def _objective(coef, coupled):
 
 @pytest.mark.parametrize("coupled", [False, True], ids=["token-local", "coupled"])
 @pytest.mark.parametrize(
-    "chunk_elements,stage_rows,staged,groups",
-    [(None, None, False, 1), (16 * V, None, False, 3), (16 * V, 32, True, 2), (16 * V, 40, True, 1)],
-    ids=["one-chunk", "three-chunks", "staged-two-groups", "staged-one-group"],
+    "strategy,chunk_elements,stage_rows,staged,groups",
+    [
+        ("workspace", None, None, False, 1),
+        ("workspace", 16 * V, None, False, 3),
+        ("workspace", 16 * V, 32, True, 2),
+        ("workspace", 16 * V, 40, True, 1),
+        ("fused", None, None, False, 1),
+        ("fused", 16 * V, None, False, 3),
+    ],
+    ids=["one-chunk", "three-chunks", "staged-two-groups", "staged-one-group", "tl-dot-one-chunk",
+         "tl-dot-three-chunks"],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_fused_loss_triton_matches_reference(dtype, chunk_elements, stage_rows, staged, groups, coupled, monkeypatch):
-    calls = _record_schedule(monkeypatch)
+def test_fused_loss_triton_matches_reference(
+    dtype, strategy, chunk_elements, stage_rows, staged, groups, coupled, monkeypatch
+):
+    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", strategy)
+    calls = _record_schedule(monkeypatch, "_TritonDotRows" if strategy == "fused" else "_TritonRows")
     h, w, targets, inv_t, coef = _inputs(dtype)
     objective = _objective(coef.to(DEVICE), coupled)
     transform = HeadTransform(1.0, None, inv_t.to(DEVICE))
@@ -97,11 +110,14 @@ def test_fused_loss_triton_matches_reference(dtype, chunk_elements, stage_rows, 
 def test_memory_budget_plans_dw_staging(monkeypatch):
     """150000 bytes (bf16, N=40, V=1021, D=40): one 40-row chunk needs 163360 bytes of fp32 workspace and
     several chunks an fp32 dW of 163360 more, so the plan takes 14-row chunks (57176 bytes) staging all 40
-    rows' d(raw) in bf16 (81680 bytes) for a single dW GEMM; the triton path follows it."""
+    rows' d(raw) in bf16 (81680 bytes) for a single dW GEMM; the triton path follows it. (Workspace strategy
+    forced: the fused strategy's bf16 d(raw) buffer of all 40 rows fits on its own.)"""
     from ludic_fast.ops.plan import plan_head
 
     budget = 150_000
-    plan_ = plan_head(N, D, V, dtype=torch.bfloat16, mode="fused_loss", device=DEVICE, memory_budget=budget)
+    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", "workspace")
+    plan_ = plan_head(N, D, V, dtype=torch.bfloat16, mode="fused_loss", device=DEVICE, memory_budget=budget,
+                      strategy="workspace")
     assert (plan_.token_rows, plan_.stage_rows, plan_.fits) == (14, 40, True)
     calls = _record_schedule(monkeypatch)
     h, w, targets, inv_t, coef = _inputs(torch.bfloat16)
