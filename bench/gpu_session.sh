@@ -89,6 +89,11 @@ bench() {  # bench NAME SHAPES
     logged "bench-$1" "$PY" -m ludic_fast.cli bench --preset gpu --shapes "$2" --out "$RESULTS/$1" || rc=$?
     collect "$RESULTS/$1/results.md" "$1-results.md"
     collect "$RESULTS/$1/results.json" "$1-results.json"
+    if [[ -f $RESULTS/$1/results.json ]]; then  # our cases beside the cost model's predictions for this card
+        run "$PY" bench/plan_table.py --device cuda --measured "$RESULTS/$1/results.json" \
+            >"$RESULTS/$1/vs-model.md" || rc=$?
+        collect "$RESULTS/$1/vs-model.md" "$1-vs-model.md"
+    fi
     return "$rc"
 }
 

@@ -6,6 +6,8 @@ mode, on the 3/4 of the rows that are action tokens) at the default budget (or -
 Table 2: CISPO's predicted time and transient memory against the budget.
 Table 3: the model against the times measured on an H100 (2026-11-23, commit 6cccb55, the kernels of that
 commit, `plan.MEASURED_KERNELS`), at the chunk sizes that were measured.
+`--measured results.json`: instead, this release's model against a GPU bench run (`ludic-fast bench --preset
+gpu`): each of our head-op and CISPO cases beside its predicted time and TRL's measured time.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import argparse
 
 import torch
 
+from ludic_fast.benchmark.cli import load_results
+from ludic_fast.benchmark.report import scored_rows
+from ludic_fast.benchmark.runner import CaseResult
 from ludic_fast.ops.plan import MEASURED_KERNELS, GiB, plan_head
 
 SHAPES = {
@@ -108,11 +113,52 @@ def calibration_table() -> str:
     return "\n".join(out)
 
 
+#: (GPU bench implementation, workload) -> (plan mode, triton strategy it forces; None: auto)
+BENCH_PLANS = {
+    ("ours-generic", "head"): ("generic", None),
+    ("ours-triton-workspace", "head"): ("generic", "workspace"),
+    ("ours-triton-fused", "head"): ("generic", "fused"),
+    ("ours-fused", "cispo"): ("fused_loss", None),
+    ("ours-fused-workspace", "cispo"): ("fused_loss", "workspace"),
+    ("ours-fused-tl-dot", "cispo"): ("fused_loss", "fused"),
+}
+
+
+def measured_table(results: list[CaseResult], device: str) -> str:
+    """Each of our GPU bench cases (`BENCH_PLANS`, default budget) beside the plan the model makes for it:
+    predicted against measured time, and the measured time over TRL's on the same shape and workload."""
+    out = [
+        "| shape | workload | implementation | rows scored | plan | predicted ms | measured ms "
+        "| predicted / measured | measured / TRL |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    trl = {(r.workload, r.shape): r.median_s for r in results if r.impl == "trl" and r.status == "ok"}
+    for r in results:
+        if (r.impl, r.workload) not in BENCH_PLANS or r.status != "ok":
+            continue
+        mode, strategy = BENCH_PLANS[(r.impl, r.workload)]
+        rows, sh = scored_rows(r), r.shape
+        p = plan_head(rows, sh.d, sh.v, dtype=sh.torch_dtype, mode=mode, device=device, strategy=strategy)
+        ms, t = r.median_s * 1e3, trl.get((r.workload, sh))
+        out.append(
+            f"| {sh.n_tokens} x {sh.d} x {sh.v} | {r.workload} | {r.impl} | {rows} | {p.strategy} "
+            f"| {p.predicted_s * 1e3:.1f} | {ms:.1f} | {p.predicted_s * 1e3 / ms:.2f} "
+            f"| {'–' if t is None else f'{r.median_s / t:.2f}'} |"
+        )
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="h100", help="a DeviceModel preset: h100, h200, a100, cpu")
     ap.add_argument("--budget", default=None, help="memory budget, e.g. 4GiB (default: the device's)")
+    ap.add_argument("--measured", metavar="RESULTS_JSON", default=None,
+                    help="only the table of a GPU bench's results.json (ludic-fast bench --preset gpu) against "
+                    "the model's predictions for --device")
     args = ap.parse_args(argv)
+    if args.measured is not None:
+        print(measured_table(load_results(args.measured)[0], args.device))
+        return
     print(plans_table(args.device, args.budget))
     print()
     print(curve_table(args.device))
