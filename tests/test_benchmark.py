@@ -212,3 +212,17 @@ def test_cli_one_process_with_explicit_shapes(tmp_path, capsys):
     assert "| sft | N=48 D=16 V=257 float32 | ours-generic |" in printed  # the summary table comes last
     with pytest.raises(SystemExit):
         cli.main(["--shapes", "48x16", "--out", str(tmp_path)])
+
+
+def test_summary_table_separates_the_gradients_from_the_transient_memory():
+    """bf16 N=8192 D=4096 V=151936: the inputs' gradients are 2 (8192 + 151936) 4096 bytes = 1.2207 GiB, so a
+    case 2.0 GiB above its inputs has 0.78 GiB of transient memory; a failed case shows its reason."""
+    shape = Shape(8192, 4096, 151936, "bfloat16")
+    gib = 2**30
+    ok = CaseResult("trl", "peer", "head", shape, "ok", median_s=0.0627, peak_bytes=5 * gib, base_bytes=3 * gib)
+    oom = CaseResult("reference", "reference", "head", shape, "failed", reason="out of memory")
+    lines = report.summary_table([ok, oom]).splitlines()
+    assert lines[0].split("|")[6:8] == [" extra GiB ", " transient GiB "]
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[2:] == ["trl", "62.70", "7.65", "2.00", "0.78", "ok"]
+    assert lines[3].endswith("| – | – | failed: out of memory |")

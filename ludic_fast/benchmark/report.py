@@ -297,18 +297,19 @@ def _most_common(items: list[tuple]) -> tuple | None:
 
 def summary_table(results: list[CaseResult]) -> str:
     """The key table printed at the end of a run: per (workload, shape) every implementation's median
-    time, µs per scored row, extra memory over the inputs, or why it did not run."""
+    time, µs per scored row, extra memory over the inputs (the gradients included) and its transient part
+    (`transient_bytes`: without the gradients), or why it did not run."""
     lines = [
-        "| workload | shape | implementation | median ms | µs/row | extra GiB | status |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | shape | implementation | median ms | µs/row | extra GiB | transient GiB | status |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for (shape, workload), group in groups(results).items():
         for name, r in group.items():
-            extra = extra_bytes(r)
+            extra, transient = extra_bytes(r), transient_bytes(r)
             status = "ok" if r.status == "ok" else f"{r.status}: {r.reason}"
             lines.append(
                 f"| {workload} | {shape.label()} | {name} | {_fmt(r.median_s and r.median_s * 1e3, '.2f')} "
                 f"| {_fmt(us_per_row(r), '.3g')} | {_fmt(None if extra is None else extra / _GIB, '.2f')} "
-                f"| {status} |"
+                f"| {_fmt(None if transient is None else transient / _GIB, '.2f')} | {status} |"
             )
     return "\n".join(lines)
