@@ -1,6 +1,6 @@
 """Kernel report: (1) compile every ludic_fast Triton kernel ahead of time for the architectures it is launched
 on (no GPU needed) and print one line per kernel x architecture: registers, stack, local memory and spill bytes,
-shared memory, wgmma; (2) the bytes each path moves per element of the [rows, V] logits, and its traffic
+shared memory, wgmma, TMA loads; (2) the bytes each path moves per element of the [rows, V] logits, and its traffic
 at one shape.
 
     .venv/bin/python bench/kernel_report.py                     # both parts, N=8192 D=4096 V=151936
@@ -14,19 +14,22 @@ import os
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; 1 = its current default
 
+import triton  # noqa: E402
 from ludic_fast.kernels.aot import SPECS, compile_spec, resource_usage  # noqa: E402
 
 
 def compile_report() -> None:
-    print(f"{'kernel':<30} {'arch':<6} {'regs':>5} {'stack':>6} {'local':>6} {'spill st/ld':>12} "
-          f"{'shared':>8} {'wgmma':>6}  config")
+    print(f"triton {triton.__version__}")
+    print(f"{'kernel':<34} {'arch':<6} {'regs':>5} {'stack':>6} {'local':>6} {'spill st/ld':>12} "
+          f"{'shared':>8} {'wgmma':>6} {'tma':>4}  config")
     for spec in SPECS:
         for arch in spec.archs:
             u = resource_usage(compile_spec(spec, arch), arch)
             blocks = {k: v for k, v in spec.constexprs.items() if k.startswith(("BLOCK", "ROWS"))}
-            wgmma = ("yes" if u["wgmma"] else "no") if arch >= 90 else "-"
-            print(f"{spec.name:<30} sm_{arch:<3} {u['regs']:>5} {u['stack']:>6} {u['local']:>6} "
-                  f"{u['spill_stores']:>5}/{u['spill_loads']:<6} {u['shared']:>8} {wgmma:>6}  {blocks} {spec.options}")
+            wgmma, tma = (("yes" if u[k] else "no") if arch >= 90 else "-" for k in ("wgmma", "tma"))
+            print(f"{spec.name:<34} sm_{arch:<3} {u['regs']:>5} {u['stack']:>6} {u['local']:>6} "
+                  f"{u['spill_stores']:>5}/{u['spill_loads']:<6} {u['shared']:>8} {wgmma:>6} {tma:>4}  {blocks} "
+                  f"{spec.options}")
 
 
 def logit_bytes(elem: int) -> dict[str, tuple[dict[str, int], dict[str, int]]]:

@@ -50,6 +50,14 @@ def _split(config: dict) -> tuple[dict, dict]:
     return {k: v for k, v in config.items() if k not in opts}, {k: v for k, v in config.items() if k in opts}
 
 
+def _dot_operand_types(dtype: str, config: dict) -> dict[str, str]:
+    """Signature types of h_src and w_src: TMA descriptors of the config's tiles, or typed pointers."""
+    if not config.get("TMA"):
+        return {"h_src": f"*{dtype}", "w_src": f"*{dtype}"}
+    bm, bn, bk = (config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    return {"h_src": f"tensordesc<{dtype}[{bm}, {bk}]>", "w_src": f"tensordesc<{dtype}[{bn}, {bk}]>"}
+
+
 def _dot_specs(name: str, fn: Any, features: dict[str, Any], io: dict[str, str], tables) -> list[KernelSpec]:
     """A tl.dot kernel per launch configuration of `tables` ((label, {(elem, arch): config})), compiled for the
     architecture it is chosen on; all features on (bias, softcap, `features`) and the plain variant."""
@@ -58,7 +66,7 @@ def _dot_specs(name: str, fn: Any, features: dict[str, Any], io: dict[str, str],
         for (elem, arch), config in table.items():
             dtype, precision = _DOT_DTYPES[elem]
             blocks, options = _split(config)
-            ptrs = {"h_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "tgt_ptr": "*i32",
+            ptrs = {**_dot_operand_types(dtype, config), "b_ptr": f"*{dtype}", "tgt_ptr": "*i32",
                     **{k: v.format(dtype=dtype) for k, v in io.items()}}
             base = {**features, "UPCAST": False, "PRECISION": precision, **blocks}
             for variant, feats in (("all", {"HAS_BIAS": True, **_TRANSFORM}), ("plain", _PLAIN)):
@@ -68,10 +76,11 @@ def _dot_specs(name: str, fn: Any, features: dict[str, Any], io: dict[str, str],
 
 
 SPECS = (
-    *_dot_specs("head_fwd", head_fwd.head_fwd_kernel, {"ENTROPY": True}, {},
-                (("", head_fwd.CONFIGS), ("small-N ", head_fwd.SMALL_CONFIGS))),
-    *_dot_specs("head_grad", head_grad.head_grad_kernel, {"HAS_GH": True}, {"d_ptr": "*{dtype}"},
-                (("", head_grad.CONFIGS),)),
+    *_dot_specs("head_fwd", head_fwd.head_fwd_kernel, {"ENTROPY": True, **head_fwd.POINTER_LOADS}, {},
+                (("", head_fwd.CONFIGS), ("small-N ", head_fwd.SMALL_CONFIGS), ("tma ", head_fwd.TMA_CONFIGS),
+                 ("small-N tma ", head_fwd.SMALL_TMA_CONFIGS))),
+    *_dot_specs("head_grad", head_grad.head_grad_kernel, {"HAS_GH": True, **head_grad.POINTER_LOADS},
+                {"d_ptr": "*{dtype}"}, (("", head_grad.CONFIGS), ("tma ", head_grad.TMA_CONFIGS))),
     KernelSpec(
         "head_merge", head_merge.head_merge_kernel, {"tgt_ptr": "*i32"},
         {"ENTROPY": True, "BLOCK": head_merge.BLOCK}, {"num_warps": head_merge.NUM_WARPS}, False,
@@ -108,7 +117,7 @@ def signature(spec: KernelSpec) -> tuple[dict[str, str], dict[str, object], dict
             sig[arg] = "constexpr"
             continue
         sig[arg] = spec.pointer_types.get(arg, "*fp32" if arg.endswith("_ptr") else "i32")
-        if arg.endswith("_ptr") or arg in DIVISIBLE_BY_16:
+        if sig[arg].startswith("*") or arg in DIVISIBLE_BY_16:
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, constexprs, attrs
 
@@ -121,7 +130,8 @@ def compile_spec(spec: KernelSpec, arch: int):
 
 
 def resource_usage(compiled, arch: int) -> dict[str, int | bool]:
-    """{'regs', 'stack', 'local', 'spill_stores', 'spill_loads', 'shared', 'wgmma'} of a compiled kernel."""
+    """{'regs', 'stack', 'local', 'spill_stores', 'spill_loads', 'shared', 'wgmma', 'tma'} of a compiled kernel
+    ('tma': TMA loads, `cp.async.bulk.tensor`, in its PTX)."""
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
         ptx = os.path.join(tmp, "k.ptx")
@@ -140,4 +150,5 @@ def resource_usage(compiled, arch: int) -> dict[str, int | bool]:
     usage["spill_stores"], usage["spill_loads"] = (int(spill.group(1)), int(spill.group(2))) if spill else (0, 0)
     usage["shared"] = int(compiled.metadata.shared)
     usage["wgmma"] = "wgmma" in compiled.asm["ptx"]
+    usage["tma"] = "cp.async.bulk.tensor" in compiled.asm["ptx"]
     return usage

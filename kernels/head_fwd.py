@@ -6,13 +6,15 @@ range and keeps, per row, the fp32 online statistics
     m = max_j z_j,   s = sum_j e^{z_j - m},   t = sum_j e^{z_j - m} z_j,   z_y (target logit, 0 elsewhere)
 
 written as partials `part[q, split, row]` (q = m, s, t, z_y) that `head_merge` combines. Vocab columns
->= V are -inf for m and s and contribute 0 to t. Offsets into h and W are int64.
+>= V are -inf for m and s and contribute 0 to t. Offsets into h and W are int64. h and W arrive as pointers
+(masked loads, any strides) or, in the TMA variant (constexpr TMA), as tensor descriptors (`kernels.tma`).
 """
 
 import triton
 import triton.language as tl
 
 from ._logit_math import final_logits, online_stats_update
+from .tma import descriptor
 
 #: Launch configurations per (input element size, architecture family), for N > SMALL_N tokens. bf16/fp16
 #: use tensor cores (wgmma on sm_90, mma.sync on sm_80); fp32 uses exact "ieee" FMA dots with smaller tiles.
@@ -33,42 +35,69 @@ SMALL_CONFIGS = {
 }
 
 
-def launch_config(elem_size: int, arch: int, n: int) -> dict:
+#: The TMA variant (bf16/fp16 on sm_90+; opt-in: never run on a GPU, speed unmeasured): the same tiles, h and
+#: W tiles fetched by TMA descriptors, and the vocab-tile loop flattened with the K loop so that the next tile's
+#: loads are in flight during a tile's epilogue. Used only where `tma.tma_ready` holds for h and W. Not for
+#: fp32: its FMA dot reading TMA's shared-memory layout spills 1.1 KB per thread (triton 3.6, sm_90).
+TMA_CONFIGS = {key: {**c, "TMA": True, "FLATTEN": True} for key, c in CONFIGS.items() if key == (2, 90)}
+SMALL_TMA_CONFIGS = {key: {**c, "TMA": True, "FLATTEN": True} for key, c in SMALL_CONFIGS.items() if key == (2, 90)}
+#: the constexprs of the pointer-load kernel, which the tables above leave out
+POINTER_LOADS = {"TMA": False, "FLATTEN": False}
+
+
+def launch_config(elem_size: int, arch: int, n: int, tma: bool = False) -> dict:
     """The launch configuration for `n` tokens of `elem_size`-byte inputs on architecture family `arch`
-    (90: sm_90 and newer, 80: sm_80/sm_89)."""
+    (90: sm_90 and newer, 80: sm_80/sm_89); `tma` asks for the TMA variant, which exists on sm_90 only."""
     key = (elem_size, arch)
-    if n <= SMALL_N and key in SMALL_CONFIGS:
-        return SMALL_CONFIGS[key]
-    return CONFIGS[key]
+    small, large = (SMALL_TMA_CONFIGS, TMA_CONFIGS) if tma and key in TMA_CONFIGS else (SMALL_CONFIGS, CONFIGS)
+    if n <= SMALL_N and key in small:
+        return small[key]
+    return large[key]
 
 
 @triton.jit
-def dot_tile(h_ptr, w_ptr, rows, cols, row_ok, col_ok, D, stride_hn, stride_hk, stride_wv, stride_wk,
+def _mma(h, w, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + h @ w in fp32."""
+    if UPCAST:  # interpreter only: its bf16 tl.dot is wrong; bf16 -> fp32 is exact
+        h = h.to(tl.float32)
+        w = w.to(tl.float32)
+    return tl.dot(h, w, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def dot_tile(h_src, w_src, row0, col0, N, C, D, stride_hn, stride_hk, stride_wv, stride_wk, TMA: tl.constexpr,
              UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_K: tl.constexpr):
-    """fp32 [BLOCK_M, BLOCK_N] tile of h[rows] @ W[cols]^T, looping over D in BLOCK_K steps."""
+    """fp32 [BLOCK_M, BLOCK_N] tile of h[row0 :] @ W[col0 :]^T over D in BLOCK_K steps; rows >= N, columns >= C
+    and k >= D read as 0. TMA: h_src, w_src are tensor descriptors of h [N, D] and W [C, D] with blocks
+    [BLOCK_M, BLOCK_K], [BLOCK_N, BLOCK_K] (TMA zero-fills outside); else pointers with the given strides."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    h_row = h_ptr + rows.to(tl.int64)[:, None] * stride_hn
-    w_col = w_ptr + cols.to(tl.int64)[None, :] * stride_wv
-    for k0 in range(0, D, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < D
-        h = tl.load(h_row + ks.to(tl.int64)[None, :] * stride_hk, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_col + ks.to(tl.int64)[:, None] * stride_wk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        if UPCAST:  # interpreter only: its bf16 tl.dot is wrong; bf16 -> fp32 is exact
-            h = h.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = tl.dot(h, w, acc, input_precision=PRECISION)
+    if TMA:
+        for k0 in range(0, D, BLOCK_K):
+            acc = _mma(h_src.load([row0, k0]), tl.trans(w_src.load([col0, k0])), acc, UPCAST, PRECISION)
+    else:
+        rows = row0 + tl.arange(0, BLOCK_M)
+        cols = col0 + tl.arange(0, BLOCK_N)
+        h_row = h_src + rows.to(tl.int64)[:, None] * stride_hn
+        w_col = w_src + cols.to(tl.int64)[None, :] * stride_wv
+        for k0 in range(0, D, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < D
+            h = tl.load(h_row + ks.to(tl.int64)[None, :] * stride_hk, mask=(rows < N)[:, None] & k_ok[None, :],
+                        other=0.0)
+            w = tl.load(w_col + ks.to(tl.int64)[:, None] * stride_wk, mask=k_ok[:, None] & (cols < C)[None, :],
+                        other=0.0)
+            acc = _mma(h, w, acc, UPCAST, PRECISION)
     return acc
 
 
 @triton.jit
 def head_fwd_kernel(
-    h_ptr, w_ptr, b_ptr, tgt_ptr, inv_t_ptr, part_ptr,
+    h_src, w_src, b_ptr, tgt_ptr, inv_t_ptr, part_ptr,
     N, V, D, stride_hn, stride_hk, stride_wv, stride_wk, blocks_per_split,
     HAS_BIAS: tl.constexpr, SCALE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SOFTCAP: tl.constexpr,
-    ENTROPY: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ENTROPY: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+    FLATTEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -82,11 +111,12 @@ def head_fwd_kernel(
     t = tl.zeros((BLOCK_M,), dtype=tl.float32)
     zy = tl.zeros((BLOCK_M,), dtype=tl.float32)
     v_lo = pid_s * blocks_per_split * BLOCK_N
-    for vb in range(0, blocks_per_split):
-        cols = v_lo + vb * BLOCK_N + tl.arange(0, BLOCK_N)
+    for vb in tl.range(0, blocks_per_split, flatten=FLATTEN):
+        col0 = v_lo + vb * BLOCK_N
+        cols = col0 + tl.arange(0, BLOCK_N)
         col_ok = cols < V
-        raw = dot_tile(h_ptr, w_ptr, rows, cols, row_ok, col_ok, D, stride_hn, stride_hk, stride_wv, stride_wk,
-                       UPCAST, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+        raw = dot_tile(h_src, w_src, pid_m * BLOCK_M, col0, N, V, D, stride_hn, stride_hk, stride_wv, stride_wk,
+                       TMA, UPCAST, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
         if HAS_BIAS:
             raw += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         z, _th = final_logits(raw, inv_t, SCALE, HAS_SOFTCAP, SOFTCAP)
@@ -99,6 +129,14 @@ def head_fwd_kernel(
     tl.store(out + 3 * plane, zy, mask=row_ok)
 
 
+def dot_operands(h, w, config: dict) -> tuple:
+    """(h, w) as the tl.dot kernels take them under `config`: tensor descriptors with its tiles when it asks
+    for TMA (ValueError unless `tma.tma_ready(h, w)`), else the tensors themselves (pointer loads)."""
+    if not config.get("TMA"):
+        return h, w
+    return descriptor(h, (config["BLOCK_M"], config["BLOCK_K"])), descriptor(w, (config["BLOCK_N"], config["BLOCK_K"]))
+
+
 def launch_head_fwd(h, w, b, tgt, inv_t, part, blocks_per_split, *, scale, softcap, entropy, upcast, precision,
                     config):
     """part: fp32 [4, splits, N] (written); each split covers `blocks_per_split` BLOCK_N-wide vocab blocks.
@@ -108,9 +146,9 @@ def launch_head_fwd(h, w, b, tgt, inv_t, part, blocks_per_split, *, scale, softc
     splits = part.shape[1]
     grid = (triton.cdiv(N, config["BLOCK_M"]), splits)
     head_fwd_kernel[grid](
-        h, w, b if b is not None else inv_t, tgt, inv_t, part,
+        *dot_operands(h, w, config), b if b is not None else inv_t, tgt, inv_t, part,
         N, V, D, h.stride(0), h.stride(1), w.stride(0), w.stride(1), blocks_per_split,
         HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
         SOFTCAP=1.0 if softcap is None else softcap, ENTROPY=entropy, UPCAST=upcast, PRECISION=precision,
-        **config,
+        **{**POINTER_LOADS, **config},
     )

@@ -1,7 +1,7 @@
 """Every Triton kernel compiles ahead of time, without a GPU, for each architecture it is launched on at its
 launch configuration (`ludic_fast.kernels.aot.SPECS`): no register spills, shared memory within the
 architecture's limit, and the bf16 tl.dot kernels use mma.sync on sm_80 and wgmma on sm_90 (the fp32
-variants use exact "ieee" FMA dots)."""
+variants use exact "ieee" FMA dots); the TMA variants (sm_90) load through TMA, the others do not."""
 
 from __future__ import annotations
 
@@ -30,3 +30,7 @@ def test_kernel_compiles(spec, arch):
     if spec.tensor_cores:
         assert ("wgmma" in compiled.asm["ptx"]) == (arch >= 90)
         assert ("mma.sync" in compiled.asm["ptx"]) == (arch < 90)
+    # TMA loads (cp.async.bulk.tensor) exactly in the TMA variants, which exist for sm_90 only
+    tma = bool(spec.constexprs.get("TMA"))
+    assert ("cp.async.bulk.tensor" in compiled.asm["ptx"]) == tma
+    assert not tma or arch >= 90

@@ -120,26 +120,29 @@ def _trl_covers(workload: Workload) -> str | None:
 
 
 @contextlib.contextmanager
-def _strategy(strategy: str | None) -> Iterator[None]:
-    """Force the triton strategy (the documented LUDIC_FAST_TRITON_STRATEGY switch) for one call."""
-    if strategy is None:
-        yield
-        return
-    old = os.environ.get("LUDIC_FAST_TRITON_STRATEGY")
-    os.environ["LUDIC_FAST_TRITON_STRATEGY"] = strategy
+def _strategy(strategy: str | None, tma: bool = False) -> Iterator[None]:
+    """Force the triton strategy (the documented LUDIC_FAST_TRITON_STRATEGY switch) and, with `tma`, the tl.dot
+    kernels' TMA variant (LUDIC_FAST_TMA=1) for one call."""
+    forced = {} if strategy is None else {"LUDIC_FAST_TRITON_STRATEGY": strategy}
+    if tma:
+        forced["LUDIC_FAST_TMA"] = "1"
+    old = {name: os.environ.get(name) for name in forced}
+    os.environ.update(forced)
     try:
         yield
     finally:
-        if old is None:
-            del os.environ["LUDIC_FAST_TRITON_STRATEGY"]
-        else:
-            os.environ["LUDIC_FAST_TRITON_STRATEGY"] = old
+        for name, value in old.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 # ------------------------------------------------------------------------------------------ ours
-def _build_ours(backend: str, fused: bool, strategy: str | None = None) -> Builder:
+def _build_ours(backend: str, fused: bool, strategy: str | None = None, tma: bool = False) -> Builder:
     """Head op: `linear_logprobs` + autograd. SFT: `linear_cross_entropy`. Losses:
-    `loss_fn(batch, hidden=, weight=, fused=fused, backend=backend)`. `strategy` forces the triton one."""
+    `loss_fn(batch, hidden=, weight=, fused=fused, backend=backend)`. `strategy` forces the triton one, `tma`
+    the tl.dot kernels' TMA variant."""
 
     def build(workload: Workload, inp: Inputs) -> Step:
         from ludic_fast import linear_cross_entropy, linear_divergence, linear_logprobs
@@ -157,7 +160,7 @@ def _build_ours(backend: str, fused: bool, strategy: str | None = None) -> Build
             loss_fn = _loss_class("ludic_fast.losses", workload.ours_loss)(**workload.loss_kwargs)
 
             def loss_step() -> dict[str, Tensor]:
-                with _strategy(strategy):
+                with _strategy(strategy, tma):
                     loss, _ = loss_fn(inp.batch, hidden=inp.hidden, weight=inp.weight, fused=fused,
                                       backend=backend)
                     loss.backward()
@@ -167,7 +170,7 @@ def _build_ours(backend: str, fused: bool, strategy: str | None = None) -> Build
         if workload.kind == "ce":
 
             def ce_step() -> dict[str, Tensor]:
-                with _strategy(strategy):
+                with _strategy(strategy, tma):
                     loss = linear_cross_entropy(inp.hidden, inp.weight, inp.targets, backend=backend)
                     loss.backward()
                 return _outputs(loss=loss)
@@ -175,7 +178,7 @@ def _build_ours(backend: str, fused: bool, strategy: str | None = None) -> Build
             return ce_step
 
         def head_step() -> dict[str, Tensor]:
-            with _strategy(strategy):
+            with _strategy(strategy, tma):
                 out = linear_logprobs(inp.hidden, inp.weight, inp.targets, entropy=True, backend=backend)
                 _head_objective(inp, out.logprobs, out.entropy).backward()
             return _outputs(out.logprobs, out.entropy)
@@ -480,12 +483,18 @@ IMPLS: dict[str, Impl] = {
         # each strategy forced: the head op's (row workloads, losses in generic mode), then the fused-loss mode's
         Impl("ours-triton-fused", "ours", "as ours-generic, triton backend, fused strategy forced (tl.dot tiles, "
              "no workspace)", _build_ours("triton", fused=False, strategy="fused"), _ours_covers, cuda_only=True),
+        Impl("ours-triton-fused-tma", "ours", "as ours-triton-fused with the tl.dot kernels' TMA variant "
+             "(LUDIC_FAST_TMA=1: descriptor loads, flattened/persistent tile loops; bf16/fp16 on sm_90+)",
+             _build_ours("triton", fused=False, strategy="fused", tma=True), _ours_covers, cuda_only=True),
         Impl("ours-triton-workspace", "ours", "as ours-generic, triton backend, workspace strategy forced "
              "(cuBLAS GEMM chunks + Triton row kernel)", _build_ours("triton", fused=False, strategy="workspace"),
              _ours_covers, cuda_only=True),
         Impl("ours-fused-tl-dot", "ours", "as ours-fused, triton backend, fused strategy forced (tl.dot "
              "statistics and d(raw) recompute, no fp32 workspace: 8NDV)",
              _build_ours("triton", fused=True, strategy="fused"), _ours_fused_covers, cuda_only=True),
+        Impl("ours-fused-tl-dot-tma", "ours", "as ours-fused-tl-dot with the tl.dot kernels' TMA variant "
+             "(LUDIC_FAST_TMA=1; bf16/fp16 on sm_90+)",
+             _build_ours("triton", fused=True, strategy="fused", tma=True), _ours_fused_covers, cuda_only=True),
         Impl("ours-fused-workspace", "ours", "as ours-fused, triton backend, workspace strategy forced (cuBLAS "
              "GEMM chunks + Triton row kernel: 6NDV)", _build_ours("triton", fused=True, strategy="workspace"),
              _ours_fused_covers, cuda_only=True),

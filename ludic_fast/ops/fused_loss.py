@@ -210,12 +210,12 @@ class _TritonDotRows:
 
     def backward_(self, lse, ez, g_lp, g_H, dh, dW, db) -> None:
         """dW is the stage's (the argument is the same buffer)."""
-        from ludic_fast.ops.triton_head import gemm_into, grad_config, launch_head_grad
+        from ludic_fast.ops.triton_head import gemm_into, grad_launch, launch_head_grad
 
         cfg = self.cfg
         launch_head_grad(self.h_c, self.w, self.head.bias, self.tgt, self.inv_t, lse, ez, g_lp, g_H, self.d,
                          col_start=0, scale=cfg.scale, softcap=cfg.softcap, upcast=cfg.upcast,
-                         precision=cfg.precision, config=grad_config(self.h_c))
+                         precision=cfg.precision, **grad_launch(self.h_c, self.w, cfg.tma))
         if db is not None:
             db += self.d.sum(0, dtype=torch.float32)
         if dh is not None:

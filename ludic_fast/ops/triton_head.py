@@ -31,10 +31,10 @@ import torch
 from torch import Tensor
 
 from ludic_fast.kernels.head_fwd import launch_config, launch_head_fwd
-from ludic_fast.kernels.head_grad import CONFIGS as GRAD_CONFIGS
-from ludic_fast.kernels.head_grad import launch_head_grad
+from ludic_fast.kernels.head_grad import grad_config, launch_head_grad
 from ludic_fast.kernels.head_merge import launch_head_merge
 from ludic_fast.kernels.head_rows import launch_head_rows
+from ludic_fast.kernels.tma import tma_ready
 from ludic_fast.ops.plan import HeadPlan, plan_head
 from ludic_fast.ops.torch_head import HeadTransform, addmm_acc_
 
@@ -60,6 +60,7 @@ class KernelConfig:
     precision: str  # tl.dot input precision: "ieee" keeps fp32 inputs exact (no tf32)
     rows: int  # token rows of one forward workspace chunk (whole vocabulary rows)
     grad_block: tuple[int, int]  # (token rows, vocab columns) of one backward block
+    tma: bool = False  # the tl.dot kernels' TMA variant (opt-in, env LUDIC_FAST_TMA=1; see `tma_requested`)
 
     @staticmethod
     def make(transform: HeadTransform, dtype: torch.dtype, plan: HeadPlan) -> KernelConfig:
@@ -70,7 +71,15 @@ class KernelConfig:
             precision="ieee" if dtype == torch.float32 else "tf32",
             rows=plan.token_rows,
             grad_block=(plan.grad_rows, plan.grad_cols),
+            tma=tma_requested(),
         )
+
+
+def tma_requested() -> bool:
+    """Env LUDIC_FAST_TMA=1 asks the fused strategy's tl.dot kernels for their TMA variant (descriptor loads;
+    persistent backward grid). It exists for bf16/fp16 on sm_90+ and needs TMA-aligned h and W
+    (`kernels.tma.tma_ready`); elsewhere the pointer-load kernels run. Off by default: unmeasured on a GPU."""
+    return os.environ.get("LUDIC_FAST_TMA", "0") == "1"
 
 
 def kernel_targets(targets: Tensor, ignore_index: int) -> Tensor:
@@ -207,9 +216,11 @@ def _device_arch_and_programs(device: torch.device) -> tuple[int, int]:
     return (90 if props.major >= 9 else 80), props.multi_processor_count
 
 
-def grad_config(h: Tensor) -> dict:
-    """The tl.dot gradient kernel's launch config for rows `h` (by element size and device arch)."""
-    return GRAD_CONFIGS[(h.element_size(), _device_arch_and_programs(h.device)[0])]
+def grad_launch(h: Tensor, w: Tensor, tma: bool) -> dict:
+    """`launch_head_grad`'s `config` and `programs` for rows `h` against weight rows `w` (by element size and
+    device arch; the TMA + persistent variant when `tma` and both are TMA-aligned)."""
+    arch, programs = _device_arch_and_programs(h.device)
+    return {"config": grad_config(h.element_size(), arch, tma=tma and tma_ready(h, w)), "programs": programs}
 
 
 class _HeadFunctionBase(torch.autograd.Function):
@@ -260,7 +271,7 @@ def _block_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg, tl_dot: boo
     if n == 0 or not any(need):
         return tuple(None if g is None else g.zero_() for g in (dh, dw, db))
     buf = new_workspace(min(rows_per, n), min(cols_per, v), dev, h.dtype if tl_dot else torch.float32)
-    config = grad_config(h) if tl_dot else None
+    launch = grad_launch(h, w, cfg.tma) if tl_dot else None
     for ci, c0 in enumerate(range(0, v, cols_per)):
         c = slice(c0, min(v, c0 + cols_per))
         for ri, r0 in enumerate(range(0, n, rows_per)):
@@ -271,7 +282,7 @@ def _block_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg, tl_dot: boo
                 d = ws
                 launch_head_grad(h[r], w[c], b, tgt[r], inv_t[r], lse[r], ez[r], g_lp[r], g_H_r, d, col_start=c0,
                                  scale=cfg.scale, softcap=cfg.softcap, upcast=cfg.upcast, precision=cfg.precision,
-                                 config=config)
+                                 **launch)
             else:
                 gemm_into(ws, h[r], w[c].T, accumulate=False)
                 d = operand_view(ws, h.dtype)
@@ -300,7 +311,7 @@ class FusedHeadFunction(_HeadFunctionBase):
         if n == 0:
             return out
         arch, programs = _device_arch_and_programs(h.device)
-        config = launch_config(h.element_size(), arch, n)
+        config = launch_config(h.element_size(), arch, n, tma=cfg.tma and tma_ready(h, w))
         splits, per_split = fused_splits(n, v, config, programs)
         part = torch.empty(4, splits, n, **f32)
         launch_head_fwd(h, w, b, tgt, inv_t, part, per_split, scale=cfg.scale, softcap=cfg.softcap,

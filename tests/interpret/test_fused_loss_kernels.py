@@ -4,7 +4,8 @@ chunk (dh and dW written once in the input dtype), several chunks each with its 
 first with beta = 0), chunks staged into groups (two groups: fp32 dW; one group: dW in the input dtype), a
 token-local objective with logprob and entropy terms, a coupled one (two passes), and a grad_output that is
 not 1. The fused (tl.dot) strategy runs the same cases: statistics by the tl.dot forward, d(raw) recomputed
-by the tl.dot gradient kernel into a buffer of the input dtype (no fp32 workspace)."""
+by the tl.dot gradient kernel into a buffer of the input dtype (no fp32 workspace); and with its TMA variant
+(LUDIC_FAST_TMA=1: descriptors built for bf16/fp16, none for fp32)."""
 
 from __future__ import annotations
 
@@ -71,16 +72,24 @@ def _objective(coef, coupled):
         ("workspace", 16 * V, 40, True, 1),
         ("fused", None, None, False, 1),
         ("fused", 16 * V, None, False, 3),
+        ("fused-tma", 16 * V, None, False, 3),
     ],
     ids=["one-chunk", "three-chunks", "staged-two-groups", "staged-one-group", "tl-dot-one-chunk",
-         "tl-dot-three-chunks"],
+         "tl-dot-three-chunks", "tl-dot-tma-three-chunks"],
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_fused_loss_triton_matches_reference(
     dtype, strategy, chunk_elements, stage_rows, staged, groups, coupled, monkeypatch
 ):
+    from ludic_fast.kernels import head_fwd
+
+    strategy, tma = strategy.removesuffix("-tma"), strategy.endswith("-tma")
     monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", strategy)
+    monkeypatch.setenv("LUDIC_FAST_TMA", "1" if tma else "0")
     calls = _record_schedule(monkeypatch, "_TritonDotRows" if strategy == "fused" else "_TritonRows")
+    descriptors = []
+    monkeypatch.setattr(head_fwd, "descriptor", lambda t, block, make=head_fwd.descriptor: descriptors.append(block)
+                        or make(t, block))
     h, w, targets, inv_t, coef = _inputs(dtype)
     objective = _objective(coef.to(DEVICE), coupled)
     transform = HeadTransform(1.0, None, inv_t.to(DEVICE))
@@ -91,6 +100,8 @@ def test_fused_loss_triton_matches_reference(
     grad_out = torch.tensor(0.3, device=DEVICE)  # not a power of two: the stored gradients are rescaled
     dh, dw = torch.autograd.grad(loss, (hd, wd), grad_out)
     assert calls == [(staged, groups)] * (1 if chunk_elements is None else 3), "not the expected triton schedule"
+    # TMA: h and W descriptors for the forward and the gradient kernel of each of the 3 chunks (not for fp32)
+    assert len(descriptors) == (3 * 4 if tma and dtype != torch.float32 else 0), descriptors
 
     hr, wr = (x.float().requires_grad_() for x in (h, w))
     ref = reference.linear_logprobs(hr, wr, targets, temperature=inv_t.reciprocal().float())

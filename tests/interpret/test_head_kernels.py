@@ -203,3 +203,56 @@ def test_float64_is_rejected_by_the_triton_backend():
     h, w = torch.randn(2, 40, dtype=torch.float64), torch.randn(1021, 40, dtype=torch.float64)
     with pytest.raises(TypeError, match="triton backend"):
         linear_logprobs(h.to(DEVICE), w.to(DEVICE), torch.zeros(2, dtype=torch.long, device=DEVICE), backend="triton")
+
+
+# the TMA variant of the fused strategy's tl.dot kernels (LUDIC_FAST_TMA=1): descriptor loads (zero-filled past
+# N, V and D) and the persistent gradient grid, on ragged shapes; and where TMA cannot apply, the pointer loads
+TMA_CASES = [  # (case, chunk_elements, descriptors built: h and W per forward and per gradient block)
+    # 3 x 8 token x vocab tiles of 128 (N, V, D ragged); 4 programs: 2 vocab splits, 6 gradient tiles each
+    (Case("bf16-n300-v1021", torch.bfloat16, 300, 1021, 40, "per-token", softcap=5.0, bias=True, ignore=True),
+     None, 4),
+    # N <= 64: the 64 x 256 forward tile
+    (Case("fp16-n3-v4099", torch.float16, 3, 4099, 72, "0.7", logit_scale=1.3, entropy=False), None, 4),
+    # 3 vocabulary slices of 1408 columns (descriptors of W[c0 : c0 + 1408]), fp32 dh accumulation
+    (Case("bf16-n3-v4099-slices", torch.bfloat16, 3, 4099, 40, "1", bias=True), 4500, 2 + 2 * 3),
+    # fallbacks: rows of 36 bf16 (72 bytes, not 16-byte aligned); non-unit column strides; fp32 (no TMA config)
+    (Case("bf16-d36", torch.bfloat16, 40, 1021, 36, "1", bias=True), None, 0),
+    (Case("bf16-strided", torch.bfloat16, 3, 1021, 40, "0.7", strided=True), None, 0),
+    (Case("fp32", torch.float32, 3, 1021, 40, "1", softcap=5.0), None, 0),
+]
+
+
+@pytest.mark.parametrize("case,chunk_elements,descriptors", TMA_CASES, ids=[c[0].name for c in TMA_CASES])
+def test_tma_variant_matches_reference(case, chunk_elements, descriptors, monkeypatch):
+    from ludic_fast.kernels import head_fwd
+
+    from ludic_fast.ops import triton_head
+
+    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", "fused")
+    monkeypatch.setenv("LUDIC_FAST_TMA", "1")
+    monkeypatch.setattr(triton_head, "_TARGET_PROGRAMS", 4)
+    blocks = []
+
+    def spy(t, block):
+        blocks.append(tuple(block))
+        return descriptor(t, block)
+
+    descriptor = head_fwd.descriptor
+    monkeypatch.setattr(head_fwd, "descriptor", spy)
+    hidden, weight, bias, targets, temperature, g_lp, g_h = _inputs(case, seed=5)
+
+    def triton_fn(*a, **k):
+        return linear_logprobs(*a, backend="triton", chunk_elements=chunk_elements, **k)
+
+    out, grads = _head_and_grads(triton_fn, case, hidden, weight, bias, targets, temperature, g_lp, g_h)
+    assert len(blocks) == descriptors, blocks
+    f32 = [None if x is None else x.float().cpu() for x in (hidden, weight, bias)]
+    targets, temperature, g_lp, g_h = (_cpu(x) for x in (targets, temperature, g_lp, g_h))
+    ref, ref_grads = _head_and_grads(reference.linear_logprobs, case, *f32, targets, temperature, g_lp, g_h)
+    torch.testing.assert_close(out.logprobs.cpu(), ref.logprobs, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(out.lse.cpu(), ref.lse, atol=2e-5, rtol=1e-5)
+    if case.entropy:
+        torch.testing.assert_close(out.entropy.cpu(), ref.entropy, atol=2e-5, rtol=1e-5)
+    grad_tol = 1e-5 if case.dtype == torch.float32 else 1.5e-2
+    for name, got, want in zip(("hidden", "weight", "bias"), grads, ref_grads):
+        assert got.dtype == case.dtype and _max_rel(got.cpu(), want) <= grad_tol, (name, _max_rel(got.cpu(), want))

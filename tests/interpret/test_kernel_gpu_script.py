@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import torch
 from _interp import DEVICE, MARKS
 
 pytestmark = MARKS
@@ -19,6 +20,9 @@ def test_kernel_gpu_script_runs(capsys):
     spec.loader.exec_module(module)
     module.main(["--device", DEVICE, "--shape", "3", "40", "1021", "--rows", "4", "--reps", "1"])
     out = capsys.readouterr().out
-    for line in ("cuBLAS logits GEMM", "fused forward default", "fused forward 128x256x64", "device copy",
-                 "row kernel statistics", "row kernel gradient"):
+    lines = ["cuBLAS logits GEMM", "fused forward default", "fused forward 128x256x64", "grad kernel default",
+             "device copy", "row kernel statistics", "row kernel gradient"]
+    if DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9:  # the TMA variants: sm_90 (the CPU runs as it)
+        lines += ["fused forward tma", "grad kernel tma+persistent"]
+    for line in lines:
         assert line in out, out
