@@ -45,3 +45,6 @@ MARKS = [
     ),
     pytest.mark.skipif(PROBLEM is not None, reason=str(PROBLEM)),
 ]
+#: whether the kernels run with sm_90 launch configs here (the TMA variant's only architecture): on a CUDA GPU
+#: of compute capability 9+, and on the CPU, where the interpreter runs the sm_90 configs
+SM90 = DEVICE == "cpu" or (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from _interp import DEVICE, MARKS
+from _interp import DEVICE, MARKS, SM90
 
 from ludic_fast import reference
 from ludic_fast.ops import linear_logprobs
@@ -245,7 +245,7 @@ def test_tma_variant_matches_reference(case, chunk_elements, descriptors, monkey
         return linear_logprobs(*a, backend="triton", chunk_elements=chunk_elements, **k)
 
     out, grads = _head_and_grads(triton_fn, case, hidden, weight, bias, targets, temperature, g_lp, g_h)
-    assert len(blocks) == descriptors, blocks
+    assert len(blocks) == (descriptors if SM90 else 0), blocks  # sm_80: pointer loads
     f32 = [None if x is None else x.float().cpu() for x in (hidden, weight, bias)]
     targets, temperature, g_lp, g_h = (_cpu(x) for x in (targets, temperature, g_lp, g_h))
     ref, ref_grads = _head_and_grads(reference.linear_logprobs, case, *f32, targets, temperature, g_lp, g_h)
