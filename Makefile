@@ -2,6 +2,9 @@
 #   make demo   runs the main job on the embedded default (CPU, no download)
 #   make test   runs the whole test suite (unit tests, then Triton-interpreter tests in their own process, then
 #               the verl integration tests in .venv-verl, where verl 0.9.1 is installed with its own pins)
+#   make test-pretend-cuda   the unit and interpreter suites as if this machine had one CUDA device
+#               (LUDIC_FAST_PRETEND_CUDA=1, tests/conftest.py; gpu tests deselected): a device default that leaks
+#               into a CPU test fails here ("Torch not compiled with CUDA enabled"); not part of make test
 #   make docs   regenerates docs/api.md from the docstrings (tests/test_docs.py checks every link in the docs
 #               and that docs/api.md is up to date)
 # On a CUDA machine, with its own python (GPU_PY, default python3) and its torch and triton:
@@ -16,7 +19,7 @@ VERL_STAMP := $(VERL_VENV)/.installed-stamp
 
 GPU_PY ?= python3
 
-.PHONY: demo test test-gpu bench-e2e-gpu lint docs bench clean
+.PHONY: demo test test-pretend-cuda test-gpu bench-e2e-gpu lint docs bench clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -39,6 +42,10 @@ test: $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q tests --ignore=tests/interpret
 	if [ -d tests/interpret ]; then TRITON_INTERPRET=1 $(PY) -m pytest -q tests/interpret; fi
 	LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q tests/test_integration_verl.py
+
+test-pretend-cuda: $(STAMP)
+	LUDIC_FAST_PRETEND_CUDA=1 $(PY) -m pytest -q tests --ignore=tests/interpret
+	if [ -d tests/interpret ]; then LUDIC_FAST_PRETEND_CUDA=1 TRITON_INTERPRET=1 $(PY) -m pytest -q tests/interpret; fi
 
 docs: $(STAMP)
 	$(PY) tools/gen_api.py

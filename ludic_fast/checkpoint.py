@@ -253,6 +253,25 @@ class CheckpointManager:
         return state
 
 
+def rng_tensors(device: torch.device | str) -> dict[str, torch.Tensor]:
+    """torch's RNG state for a checkpoint: the CPU generator's, and that of `device`'s CUDA generator when the
+    model lives on CUDA (a CPU run never touches CUDA, even on a GPU machine)."""
+    device = torch.device(device)
+    tensors = {"rng.torch_cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        tensors["rng.torch_cuda"] = torch.cuda.get_rng_state(device)
+    return tensors
+
+
+def restore_rng(tensors: Mapping[str, torch.Tensor], device: torch.device | str) -> None:
+    """Set the generators `rng_tensors(device)` saved; a CUDA state is restored only onto a CUDA `device`."""
+    device = torch.device(device)
+    if "rng.torch_cpu" in tensors:
+        torch.set_rng_state(tensors["rng.torch_cpu"])
+    if "rng.torch_cuda" in tensors and device.type == "cuda":
+        torch.cuda.set_rng_state(tensors["rng.torch_cuda"], device)
+
+
 def _is_tied_alias(model: nn.Module, name: str) -> bool:
     """True when `name` is a tensor shared with another state-dict entry (stored once by save_model)."""
     sd = model.state_dict()
@@ -260,4 +279,5 @@ def _is_tied_alias(model: nn.Module, name: str) -> bool:
     return t is not None and any(k != name and v.data_ptr() == t.data_ptr() for k, v in sd.items())
 
 
-__all__ = ["CheckpointConfig", "CheckpointManager", "optimizer_to_flat", "optimizer_from_flat"]
+__all__ = ["CheckpointConfig", "CheckpointManager", "optimizer_to_flat", "optimizer_from_flat", "rng_tensors",
+           "restore_rng"]

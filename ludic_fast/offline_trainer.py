@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
+from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager, restore_rng, rng_tensors
 from ludic_fast.integrations.packing import resolve_packed_attention
 from ludic_fast.integrations.transformers import final_hidden_states, lm_head
 from ludic_fast.ops import linear_logprobs
@@ -371,9 +371,7 @@ class OfflineTrainer:
             raise ValueError("save_checkpoint needs a checkpoint_config")
         meta = {"skipped_steps": self.skipped_steps, "order": list(self._order), "rng": _rng_state(self._rng),
                 "objective": self.objective.state_dict()}
-        tensors = {"rng.torch_cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            tensors["rng.torch_cuda"] = torch.cuda.get_rng_state()
+        tensors = rng_tensors(self.cfg.device)
         tensors.update({f"objective.{i}": p.detach() for i, p in enumerate(self.objective.parameters())})
         return self.checkpointer.save(self.model, self.opt, step=self.step_idx, metadata=meta, tensors=tensors)
 
@@ -400,10 +398,7 @@ class OfflineTrainer:
         if "rng" in state:
             _set_rng_state(self._rng, state["rng"])
         self.objective.load_state_dict(state.get("objective", {}))
-        if "rng.torch_cpu" in tensors:
-            torch.set_rng_state(tensors["rng.torch_cpu"])
-        if "rng.torch_cuda" in tensors and torch.cuda.is_available():
-            torch.cuda.set_rng_state(tensors["rng.torch_cuda"])
+        restore_rng(tensors, self.cfg.device)
         return state
 
 

@@ -50,7 +50,7 @@ from ludic_fast.batching import (
     group_index_of,
     split_items_by_token_budget,
 )
-from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
+from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager, restore_rng, rng_tensors
 from ludic_fast.distributed.macro import macro_totals_across_ranks
 from ludic_fast.distributed.rank0 import Rank0Publisher
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
@@ -579,8 +579,8 @@ class Trainer:
                 "perf/tokens_per_s": tokens / max(elapsed - t_fetch, 1e-9),
             }
         )
-        if self.cfg.profile_memory and torch.cuda.is_available():
-            stats["gpu_max_mem_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        if self.cfg.profile_memory and self.device.type == "cuda":
+            stats["gpu_max_mem_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         if self.cfg.reduce_stats_across_ranks:
             stats = reduce_stats_across_ranks(stats)
             stats["train_step"] = self.step_idx
@@ -653,9 +653,7 @@ class Trainer:
             meta["curriculum"] = self.algo.curriculum.state_dict()
         if hasattr(self.batch_source, "state_dict"):
             meta["batch_source"] = self.batch_source.state_dict()
-        tensors = {"rng.torch_cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            tensors["rng.torch_cuda"] = torch.cuda.get_rng_state()
+        tensors = rng_tensors(self.device)
         if self.ref_model is not None:
             tensors.update({f"ref.{k}": v for k, v in self.ref_model.state_dict().items()})
         return meta, tensors
@@ -690,10 +688,7 @@ class Trainer:
         if "python_random" in state:
             random.setstate(_py_random_from_json(state["python_random"]))
         tensors = state.get("tensors", {})
-        if "rng.torch_cpu" in tensors:
-            torch.set_rng_state(tensors["rng.torch_cpu"])
-        if "rng.torch_cuda" in tensors and torch.cuda.is_available():
-            torch.cuda.set_rng_state(tensors["rng.torch_cuda"])
+        restore_rng(tensors, self.device)
         if self.ref_model is not None:
             ref = {k[len("ref.") :]: v for k, v in tensors.items() if k.startswith("ref.")}
             if ref:

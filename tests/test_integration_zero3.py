@@ -25,6 +25,13 @@ V = 89
 WORLD = 2
 
 
+@pytest.fixture(autouse=True)
+def _cpu_accelerator(monkeypatch):
+    """DeepSpeed picks its accelerator once, by probing CUDA, when a rank first imports it (with this module,
+    before any worker code runs): name the CPU one in the environment the spawned ranks inherit."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+
+
 def _model(tied: bool, lora_head: bool) -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = transformers.Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -101,7 +108,7 @@ def _check(rank: int, tied: bool, lora_head: bool, path: str) -> None:
 
 
 def _worker(rank: int, world: int) -> None:
-    os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     for tied, lora_head in [(False, False), (True, False), (False, True)]:
         for path in ("verl_forward", "ludic_cispo"):
@@ -146,7 +153,7 @@ def _trl_worker(rank: int, world: int, output_dir: str) -> None:
     from ludic_fast.integrations.trl import FastGRPOTrainer
 
     # accelerate's launch check wants these; the process group already exists (file rendezvous)
-    os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world),
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world),
                       ACCELERATE_USE_DEEPSPEED="true", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
     torch.set_num_threads(1)
     tok = build_char_tokenizer()

@@ -429,7 +429,7 @@ def test_example_actor_and_learner_scripts_run(server):
 
     root = Path(__file__).resolve().parents[1] / "examples" / "pipeline_rl"
     common = ["--redis-url", server.url, "--prefix", "ex", "--prompts-per-batch", "2", "--group-size", "2",
-              "--threads", "1", "--max-lag", "4"]
+              "--threads", "1", "--max-lag", "4", "--device", "cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     learner = subprocess.Popen(
         [sys.executable, str(root / "learner.py"), *common, "--sft-steps", "0", "--rl-steps", "2",

@@ -1,0 +1,40 @@
+"""Suite-wide switch LUDIC_FAST_PRETEND_CUDA=1 (`make test-pretend-cuda`): run the CPU tests in a process
+that claims one CUDA device (tests/pretend_cuda/_pretend_cuda.py), so a device default that leaks into a
+CPU test fails here as it would switch device on a GPU machine. The `gpu` tests really need CUDA and are
+deselected in that mode."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+PRETEND_DIR = str(Path(__file__).resolve().parent / "pretend_cuda")
+if PRETEND_DIR not in sys.path:
+    sys.path.insert(0, PRETEND_DIR)
+
+import _pretend_cuda  # noqa: E402
+
+if _pretend_cuda.active():
+    import torch
+
+    if not getattr(torch.cuda.is_available, "pretend_cuda", False) and torch.cuda.is_available():
+        raise pytest.UsageError(f"{_pretend_cuda.ENV}=1 is for a machine without CUDA; this one has a GPU")
+    _pretend_cuda.install()
+    # child Python processes (CLI runs, spawned ranks) import tests/pretend_cuda/sitecustomize.py
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (PRETEND_DIR, os.environ.get("PYTHONPATH")) if p)
+
+
+def pytest_report_header(config):
+    if _pretend_cuda.active():
+        return f"{_pretend_cuda.ENV}=1: torch reports one CUDA device on a CPU-only build; gpu tests deselected"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _pretend_cuda.active():
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
