@@ -21,6 +21,10 @@ WHEELS=${WHEELS:-.whl}
 SITE=${SITE:-/tmp/site}
 RESULTS=bench/results/gpu
 OUT=${OUT:-$RESULTS/out}
+# every stage's command stops after this many seconds (the device call's 600 s minus set-up and collection),
+# so its logs and the tables the bench saves after each case still come back
+STAGE_SECONDS=${STAGE_SECONDS:-540}
+limit=(timeout --kill-after=10 "$STAGE_SECONDS")
 # the peers and the packages they need that the GPU image lacks (versions as exercised on CPU)
 PEER_WHEELS=(liger-kernel==0.8.5 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
              cut-cross-entropy==25.1.1)
@@ -86,7 +90,7 @@ setup() {
 
 bench() {  # bench NAME SHAPES
     local rc=0
-    logged "bench-$1" "$PY" -m ludic_fast.cli bench --preset gpu --shapes "$2" --out "$RESULTS/$1" || rc=$?
+    logged "bench-$1" "${limit[@]}" "$PY" -m ludic_fast.cli bench --preset gpu --shapes "$2" --out "$RESULTS/$1" || rc=$?
     collect "$RESULTS/$1/results.md" "$1-results.md"
     collect "$RESULTS/$1/results.json" "$1-results.json"
     if [[ -f $RESULTS/$1/results.json ]]; then  # our cases beside the cost model's predictions for this card
@@ -101,7 +105,7 @@ stage() {
     case $1 in
         test)
             local rc=0
-            logged test-gpu make test-gpu GPU_PY="$PY" || rc=$?
+            logged test-gpu "${limit[@]}" make test-gpu GPU_PY="$PY" || rc=$?
             collect "$RESULTS/test-gpu.log" test-gpu.log
             collect "$RESULTS/key/results.md" key-results.md
             collect "$RESULTS/key/results.json" key-results.json
@@ -110,7 +114,7 @@ stage() {
         bench-large) bench large "$LARGE" ;;
         e2e)
             local rc=0
-            run make bench-e2e-gpu GPU_PY="$PY" || rc=$?
+            run "${limit[@]}" make bench-e2e-gpu GPU_PY="$PY" || rc=$?
             collect "$RESULTS/trainer_e2e.md" trainer_e2e.md
             collect "$RESULTS/trainer_e2e.json" trainer_e2e.json
             return "$rc"
@@ -122,7 +126,7 @@ stage() {
             # (12 workers when pytest-xdist is installed; it is not a requirement of the project)
             local workers=()
             if "$PY" -c "import xdist" 2>/dev/null; then workers=(-n 12); fi
-            logged suite "$PY" -m pytest -q -rs ${workers[@]+"${workers[@]}"} -p no:cacheprovider -m "not gpu" tests \
+            logged suite "${limit[@]}" "$PY" -m pytest -q -rs ${workers[@]+"${workers[@]}"} -p no:cacheprovider -m "not gpu" tests \
                 --ignore=tests/interpret || rc=$?
             collect "$RESULTS/suite.log" suite.log
             return "$rc"

@@ -214,6 +214,36 @@ def test_cli_one_process_with_explicit_shapes(tmp_path, capsys):
         cli.main(["--shapes", "48x16", "--out", str(tmp_path)])
 
 
+def test_a_run_stopped_midway_keeps_the_cases_it_measured(tmp_path, monkeypatch):
+    """The third case is interrupted (as a kill or a time limit would): results.json and results.md already
+    hold the first two, marked incomplete; a finished run drops the mark."""
+    from ludic_fast.benchmark import runner
+
+    real, calls = runner.run_case, []
+
+    def interrupted_third(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_case", interrupted_third)
+    argv = ["--device", "cpu", "--workloads", "sft", "--impls", "ours-generic,reference,gemm-fwd",
+            "--shapes", "48x16x257", "--one-process", "--repeats", "1", "--warmup", "0", "--threads", "1",
+            "--check-tokens", "16", "--out", str(tmp_path)]
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(argv)
+    loaded, meta = cli.load_results(tmp_path / "results.json")
+    assert [(r.impl, r.status) for r in loaded] == [("ours-generic", "ok"), ("reference", "ok")]
+    assert meta["status"] == "incomplete: 2 of 3 cases (the run stopped)"
+    assert "incomplete: 2 of 3" in (tmp_path / "results.md").read_text()
+    assert not list(tmp_path.glob(".*.tmp"))
+    monkeypatch.setattr(runner, "run_case", real)
+    assert cli.main(argv) == 0
+    loaded, meta = cli.load_results(tmp_path / "results.json")
+    assert len(loaded) == 3 and "status" not in meta
+
+
 def test_summary_table_separates_the_gradients_from_the_transient_memory():
     """bf16 N=8192 D=4096 V=151936: the inputs' gradients are 2 (8192 + 151936) 4096 bytes = 1.2207 GiB, so a
     case 2.0 GiB above its inputs has 0.78 GiB of transient memory; a failed case shows its reason."""

@@ -33,7 +33,9 @@ def test_session_script_dry_run(tmp_path):
     lines = out.stdout.splitlines()
     assert any("--no-index --no-deps" in x and "--target /tmp/site" in x and "trl-1.16.0" in x for x in lines)
     assert any("pip install" in x and "--no-deps" in x and x.endswith("-e .") for x in lines)
-    assert any(x.startswith("+ make test-gpu") and "bench/results/gpu/test-gpu.log" in x for x in lines)
+    limit = "+ timeout --kill-after=10 540 "  # every stage stops in time for its outputs to be collected
+    assert any(x.startswith(limit + "make test-gpu") and "bench/results/gpu/test-gpu.log" in x for x in lines)
+    assert any(x.startswith(limit) and "-m not gpu" in x for x in lines)
     assert any("--preset gpu --shapes 64x4096x151936" in x and "bench/results/gpu/small" in x for x in lines)
     assert any("-m not gpu" in x for x in lines)
     assert not any("torch==" in x or "install torch" in x for x in lines)

@@ -221,9 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout_s=args.timeout,
         in_process=one_process,
     )
-    load_before = _load_average()
     started = datetime.datetime.now(datetime.timezone.utc)
-    results = run_suite(impls, workloads, shapes, opts)
     meta = {
         "command": "ludic-fast bench " + " ".join(argv),
         "date (UTC)": started.strftime("%Y-%m-%d %H:%M"),
@@ -234,10 +232,16 @@ def main(argv: list[str] | None = None) -> int:
         "runs": f"{warmup} warm-up + {repeats} timed per case"
         + (", CUDA events" if device.startswith("cuda") else "")
         + (", every case in one process" if one_process else ", each case in its own process"),
-        "load average (1/5/15 min) before": load_before,
-        "load average after": _load_average(),
+        "load average (1/5/15 min) before": _load_average(),
         **{f"note {i + 1}": n for i, n in enumerate(args.note)},
     }
+    total = len(shapes) * len(workloads) * len(impls)
+
+    def save_so_far(done: list[CaseResult]) -> None:  # a run stopped midway keeps its tables
+        write_tables(done, {**meta, "status": f"incomplete: {len(done)} of {total} cases (the run stopped)"}, out)
+
+    results = run_suite(impls, workloads, shapes, opts, on_result=save_so_far)
+    meta["load average after"] = _load_average()
     write_outputs(results, meta, out)
     print(summary_table(results))
     print(f"wrote {out}/results.md")
@@ -281,12 +285,20 @@ def device_info(device: str) -> dict[str, str]:
     }
 
 
-def write_outputs(results: list[CaseResult], meta: dict[str, str], out: Path) -> None:
-    """results.json, results.md and the scaling plots of every workload with a sweep along N or V."""
+def write_tables(results: list[CaseResult], meta: dict[str, str], out: Path) -> None:
+    """results.json and results.md (each written whole to a temporary file, then renamed over the old one)."""
     out.mkdir(parents=True, exist_ok=True)
     payload = {"meta": meta, "results": [r.to_json() for r in results]}
-    (out / "results.json").write_text(json.dumps(payload, indent=1) + "\n")
-    (out / "results.md").write_text(markdown_report(results, meta))
+    for name, text in (("results.json", json.dumps(payload, indent=1) + "\n"),
+                       ("results.md", markdown_report(results, meta))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / name)
+
+
+def write_outputs(results: list[CaseResult], meta: dict[str, str], out: Path) -> None:
+    """results.json, results.md and the scaling plots of every workload with a sweep along N or V."""
+    write_tables(results, meta, out)
     for workload in dict.fromkeys(r.workload for r in results):
         for axis in ("n", "v"):
             plot_scaling(results, workload, axis, out / f"scaling_{workload}_{axis}.png")
@@ -298,4 +310,4 @@ def load_results(path: str | Path) -> tuple[list[CaseResult], dict[str, str]]:
     return [CaseResult.from_json(r) for r in payload["results"]], payload["meta"]
 
 
-__all__ = ["main", "build_parser", "write_outputs", "load_results", "PRESETS"]
+__all__ = ["main", "build_parser", "write_outputs", "write_tables", "load_results", "PRESETS"]

@@ -154,9 +154,11 @@ def run_suite(
     shapes: Iterable[Shape],
     opts: Options,
     log: Callable[[str], None] = print,
+    on_result: Callable[[list[CaseResult]], None] | None = None,
 ) -> list[CaseResult]:
     """Every implementation on every workload and shape; the floors once per shape and scored-row count,
-    reused for each workload that scores as many rows."""
+    reused for each workload that scores as many rows. `on_result(results so far)` after every case (the CLI
+    saves them, so a run stopped midway keeps what it measured)."""
     impls, workloads = list(impls), list(workloads)
     results: list[CaseResult] = []
     for shape in shapes:
@@ -167,12 +169,14 @@ def run_suite(
                 cached = floor_cache.get(key)
                 if cached is not None:
                     results.append(dataclasses.replace(cached, workload=workload))
-                    continue
-                res = run_case(impl, workload, shape, opts)
-                if get_impl(impl).workload_independent and res.status == "ok":
-                    floor_cache[key] = res
-                results.append(res)
-                log(_log_line(res))
+                else:
+                    res = run_case(impl, workload, shape, opts)
+                    if get_impl(impl).workload_independent and res.status == "ok":
+                        floor_cache[key] = res
+                    results.append(res)
+                    log(_log_line(res))
+                if on_result is not None:
+                    on_result(results)
     return results
 
 
