@@ -16,21 +16,29 @@ LENGTHS = [9, 7, 5, 8]  # row b holds positions [0, LENGTHS[b]); right padding a
 PROMPTS = [2, 3, 5, 1]  # row 2 has no action token (prompt fills it)
 
 
-def make_batch(seed: int = 0, dtype: torch.dtype = torch.float32, token_adv: bool = False):
-    """(batch, hidden [B,T,D], weight [V,D], bias [V]) with ratios spread around 1 and every optional key."""
-    g = torch.Generator().manual_seed(seed)
-    h = (torch.randn(B, T, D, generator=g) * 0.7).to(dtype).requires_grad_(True)
+def draw_rows(g: torch.Generator, lengths: list[int], prompts: list[int], dtype: torch.dtype):
+    """Right-padded rows of T = max(lengths) positions: (hidden [B,T,D], weight [V,D], bias [V] leaves,
+    input_ids, attention_mask, action_mask over [prompt, length), true token logprobs [B,T] (0 at t=0))."""
+    n_rows, t = len(lengths), max(lengths)
+    h = (torch.randn(n_rows, t, D, generator=g) * 0.7).to(dtype).requires_grad_(True)
     W = (torch.randn(V, D, generator=g) * 0.7).to(dtype).requires_grad_(True)
     b = (torch.randn(V, generator=g) * 0.3).to(dtype).requires_grad_(True)
-    ids = torch.randint(0, V, (B, T), generator=g)
-    attn = torch.zeros(B, T, dtype=torch.long)
-    amask = torch.zeros(B, T)
-    for r, (n, p) in enumerate(zip(LENGTHS, PROMPTS)):
+    ids = torch.randint(0, V, (n_rows, t), generator=g)
+    attn = torch.zeros(n_rows, t, dtype=torch.long)
+    amask = torch.zeros(n_rows, t)
+    for r, (n, p) in enumerate(zip(lengths, prompts)):
         attn[r, :n] = 1
         amask[r, p:n] = 1.0
     with torch.no_grad():
-        lp_true = torch.zeros(B, T)
+        lp_true = torch.zeros(n_rows, t)
         lp_true[:, 1:] = R.compute_token_logp(R.head_logits(h, W, b), ids)
+    return h, W, b, ids, attn, amask, lp_true
+
+
+def make_batch(seed: int = 0, dtype: torch.dtype = torch.float32, token_adv: bool = False):
+    """(batch, hidden [B,T,D], weight [V,D], bias [V]) with ratios spread around 1 and every optional key."""
+    g = torch.Generator().manual_seed(seed)
+    h, W, b, ids, attn, amask, lp_true = draw_rows(g, LENGTHS, PROMPTS, dtype)
     actor = (lp_true + 0.4 * torch.randn(B, T, generator=g)) * amask
     batch = {
         "input_ids": ids,
@@ -50,12 +58,14 @@ def make_batch(seed: int = 0, dtype: torch.dtype = torch.float32, token_adv: boo
 
 
 def to_packed(batch: dict, *per_position):
-    """The packed twin of a padded batch: rows concatenated over their lengths, cu_seqlens [S+1]; each extra
-    tensor [B, T, ...] is packed the same way (differentiably, so grads reach the padded leaf)."""
-    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()])
+    """The packed twin of a right-padded batch: rows concatenated over their attention_mask lengths,
+    cu_seqlens [S+1]; each extra tensor [B, T, ...] is packed the same way (differentiably, so grads reach
+    the padded leaf)."""
+    lengths = batch["attention_mask"].sum(1).tolist()
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
 
     def pack(x):
-        return torch.cat([x[r, :n] for r, n in enumerate(LENGTHS)])[None]
+        return torch.cat([x[r, :n] for r, n in enumerate(lengths)])[None]
 
     out = {k: pack(v) if v.ndim == 2 else v for k, v in batch.items()}
     out["cu_seqlens"] = cu

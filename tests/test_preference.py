@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _alloc import LargestAllocation
-from test_losses_common import rel_err
+from test_losses_common import D, V, draw_rows, rel_err, to_packed
 from torch.utils.flop_counter import FlopCounterMode
 
 from ludic_fast import preference as P
@@ -15,42 +15,18 @@ from ludic_fast import reference as R
 from ludic_fast.losses import DPOLoss as ReExported
 from ludic_fast.ops.fused_loss import _group_chunks
 
-D, V = 16, 37
 LENGTHS = [9, 7, 5, 8, 6, 9]  # 3 pairs (rows 2i chosen, 2i+1 rejected), right padding
 PROMPTS = [3, 3, 2, 2, 4, 4]
-T = max(LENGTHS)
 
 
 def make_pairs(seed: int = 0, dtype: torch.dtype = torch.float32, kto: bool = False):
     g = torch.Generator().manual_seed(seed)
-    B = len(LENGTHS)
-    h = (torch.randn(B, T, D, generator=g) * 0.7).to(dtype).requires_grad_(True)
-    W = (torch.randn(V, D, generator=g) * 0.7).to(dtype).requires_grad_(True)
-    b = (torch.randn(V, generator=g) * 0.3).to(dtype).requires_grad_(True)
-    ids = torch.randint(0, V, (B, T), generator=g)
-    attn, amask = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T)
-    for r, (n, p) in enumerate(zip(LENGTHS, PROMPTS)):
-        attn[r, :n] = 1
-        amask[r, p:n] = 1.0
-    with torch.no_grad():
-        lp = torch.zeros(B, T)
-        lp[:, 1:] = R.compute_token_logp(R.head_logits(h, W, b), ids)
+    h, W, b, ids, attn, amask, lp = draw_rows(g, LENGTHS, PROMPTS, dtype)
     batch = {"input_ids": ids, "attention_mask": attn, "action_mask": amask,
-             "ref_logps": (lp + 0.3 * torch.randn(B, T, generator=g)) * amask}
+             "ref_logps": (lp + 0.3 * torch.randn(lp.shape, generator=g)) * amask}
     if kto:
         batch["kto_label"] = torch.tensor([1, 0, -1, 1, 0, -1])
     return batch, h, W, b
-
-
-def pack(batch, *per_position):
-    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()])
-
-    def one(x):
-        return torch.cat([x[r, :n] for r, n in enumerate(LENGTHS)])[None]
-
-    out = {k: one(v) if v.ndim == 2 else v for k, v in batch.items()}
-    out["cu_seqlens"] = cu
-    return (out, *(one(x) for x in per_position))
 
 
 CASES = [
@@ -82,7 +58,7 @@ def _run(case, path, layout, chunk, batch_mod=None, seed=0):
     ref_grads = torch.autograd.grad(ref_loss, (h, W, b))
     logits = R.head_logits(h, W, b)
     if layout == "packed":
-        batch, hh, logits = pack(batch, h, logits)
+        batch, hh, logits = to_packed(batch, h, logits)
     else:
         hh = h
     if path == "logits":

@@ -12,7 +12,7 @@ from _gpu import GRAD_TOL, close_outputs, grad_err, on
 from test_losses_common import CASES, make_batch, rel_err, to_packed
 from test_preference import CASES as PREFERENCE_CASES
 from test_preference import CHUNKS as PREFERENCE_CHUNKS
-from test_preference import make_pairs, pack
+from test_preference import make_pairs
 
 from ludic_fast import linear_cross_entropy
 from ludic_fast import losses as L
@@ -74,7 +74,7 @@ def test_preference_loss_matches_reference(device, case, path, layout):
     batch_d, (hd, Wd, bd) = _on(device, batch, h, W, b)
     h_in = hd
     if layout == "packed":
-        batch_d, h_in = pack(batch_d, hd)
+        batch_d, h_in = to_packed(batch_d, hd)
         batch_d["cu_seqlens"] = batch_d["cu_seqlens"].to(device)
     loss, stats = ours_fn(batch_d, hidden=h_in, weight=Wd, bias=bd, fused=path == "fused",
                           chunk_elements=PREFERENCE_CHUNKS["one_pass"])
