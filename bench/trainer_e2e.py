@@ -314,16 +314,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.run:
         print(RESULT_PREFIX + json.dumps(run_path(args, args.run)), flush=True)
         return 0
-    rows = []
-    for path in args.paths.split(","):
+    rows: list[dict] = []
+
+    def save(done: str) -> None:  # after every child: a run stopped midway keeps its rows (--json)
+        print(f"[e2e] {done}", file=sys.stderr, flush=True)
+        if args.json:
+            tmp = f"{args.json}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"args": {k: v for k, v in vars(args).items() if k != "argv"}, "rows": rows}, f, indent=1)
+            os.replace(tmp, args.json)
+
+    for path in args.paths.split(","):  # every path's step first, then (--find-max) the largest batches
         row = _child(args, path)
-        if args.find_max:
-            row["max_seqs"] = _largest_fit(args, path, row)
         rows.append(row)
+        save(f"{path}: {row['skipped']}" if "skipped" in row else f"{path}: median step {row['median_s']:.3f} s")
+    for row in rows if args.find_max else ():
+        row["max_seqs"] = _largest_fit(args, row["path"], row)
+        save(f"{row['path']}: largest sequences per step {row['max_seqs']}")
     print(table(args, rows))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if k != "argv"}, "rows": rows}, f, indent=1)
     return 0
 
 

@@ -44,7 +44,7 @@ def test_tiny_cpu_run_has_a_row_per_path(capsys, tmp_path):
     argv = ["--vocab", "256", "--hidden", "32", "--layers", "1", "--seqs", "4", "--seq-len", "24", "--steps", "1",
             "--threads", "1", "--json", str(tmp_path / "rows.json")]
     assert bench.main(argv) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     for path in ("ours-padded", "ours-packed", "reference", "trl"):
         cells = [c.strip() for c in rows[path].split("|")[2:-1]]
@@ -54,3 +54,23 @@ def test_tiny_cpu_run_has_a_row_per_path(capsys, tmp_path):
     assert float(rows["ours-packed"].split("|")[6]) >= 0 and rows["trl"].split("|")[6].strip() == "-"
     saved = {r["path"]: r for r in json.loads((tmp_path / "rows.json").read_text())["rows"]}
     assert saved["ours-packed"]["estimate_bytes"] > 0 and saved["trl"]["estimate_bytes"] is None
+    progress = [line for line in err.splitlines() if line.startswith("[e2e] ")]
+    assert len(progress) == 6 and progress[0].startswith("[e2e] ours-padded: median step ")
+
+
+def test_rows_are_saved_after_every_path(tmp_path, monkeypatch):
+    """A run stopped after its second path (a kill, a time limit) keeps the first two rows in --json."""
+    bench = _bench()
+    done = []
+
+    def child(args, path, seqs=None):
+        if len(done) == 2:
+            raise KeyboardInterrupt
+        done.append(path)
+        return {"path": path, "median_s": 0.5, "min_s": 0.4, "tokens_per_s": 10.0, "peak_bytes": 2**30}
+
+    monkeypatch.setattr(bench, "_child", child)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--paths", "ours-padded,ours-packed,reference", "--json", str(tmp_path / "rows.json")])
+    saved = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert [r["path"] for r in saved] == ["ours-padded", "ours-packed"]
