@@ -283,7 +283,9 @@ def _memory_budget(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _trainer_config(args: argparse.Namespace, tok: Any, *, lr: float, steps: int, sync: int) -> TrainerConfig:
+def trainer_config(args: argparse.Namespace, tok: Any, *, lr: float, steps: int, sync: int) -> TrainerConfig:
+    """The TrainerConfig of the parsed `ludic-fast train` flags for one phase (learning rate, step count,
+    sync_every_steps); `tok` is the pad token id."""
     return TrainerConfig(
         model_device=args.device,
         lr=lr,
@@ -326,7 +328,7 @@ def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: Pr
         model=model,
         algo=presets.make_sft(length_normalize=True),
         batch_source=source,
-        cfg=_trainer_config(args, tok, lr=args.sft_lr, steps=args.sft_steps, sync=0),
+        cfg=trainer_config(args, tok, lr=args.sft_lr, steps=args.sft_steps, sync=0),
         checkpoint_config=ckpt,
         resume_from="latest" if resume else None,
         train_logger=logger,
@@ -379,7 +381,7 @@ def run_rl(
             sampling=SamplingConfig(temperature=0.0, max_new_tokens=args.max_new_tokens),
             chat_template=args.chat_template,
         )
-    cfg = _trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)
+    cfg = trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)
     cfg.eval_every_n_steps = args.eval_every if evaluator is not None else None
     cfg.eval_at_start = evaluator is not None and not resume
     trainer = Trainer(
@@ -464,7 +466,7 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[Any, PromptAnswerTa
     check_task_tokens(task.samples + task.eval_samples, tok, embedded=args.model == "embedded" and not args.tokenizer)
     for lr, steps, sync in ((args.sft_lr, args.sft_steps, 0), (args.lr, args.rl_steps, 1)):
         try:  # the trainer's own cross-field checks, before anything runs
-            _trainer_config(args, tok, lr=lr, steps=steps, sync=sync)
+            trainer_config(args, tok, lr=lr, steps=steps, sync=sync)
         except ValueError as exc:
             raise UsageError(as_flags(str(exc), args)) from None
     return tok, task

@@ -91,7 +91,7 @@ def test_presets_and_flags(tmp_path):
         train_cli.build_parser("x").parse_args(["--preset", "nope"])
     args = train_cli.build_parser("x").parse_args(["--memory-budget", "4GiB", "--device", "cpu"])
     train_cli.apply_recipe(args)
-    assert train_cli._trainer_config(args, 0, lr=1e-3, steps=1, sync=0).memory_budget == 4 * 2**30
+    assert train_cli.trainer_config(args, 0, lr=1e-3, steps=1, sync=0).memory_budget == 4 * 2**30
     assert train_cli.build_parser("x").parse_args([]).memory_budget is None
     with pytest.raises(SystemExit):
         train_cli.build_parser("x").parse_args(["--memory-budget", "0"])

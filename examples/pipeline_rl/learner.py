@@ -27,8 +27,9 @@ from ludic_fast.train_cli import (
     make_algorithm,
     prepare,
     run_sft,
+    trainer_config,
 )
-from ludic_fast.trainer import Trainer, TrainerConfig
+from ludic_fast.trainer import Trainer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,18 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     source = PipelineBatchSource(
         args.redis_url, keys=keys, batch_size=args.prompts_per_batch * args.group_size, max_lag=args.max_lag
     )
-    cfg = TrainerConfig(
-        model_device=args.device,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        max_grad_norm=args.max_grad_norm,
-        max_seq_len=args.max_seq_len,
-        micro_token_budget=args.micro_token_budget,
-        sync_every_steps=1,
-        max_lag=args.max_lag,
-        pad_token_id=tok,
-        temperature=args.temperature if args.temperature > 0 else 1.0,
-    )
+    cfg = trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)  # as `ludic-fast train`'s RL phase
     trainer = Trainer(model=model, algo=make_algorithm(args), batch_source=source, cfg=cfg, publisher=publisher,
                       train_logger=logger, reducers=default_reducers())
     trainer.train_sync(args.rl_steps)
