@@ -5,6 +5,8 @@
 #   make test-pretend-cuda   the unit and interpreter suites as if this machine had one CUDA device
 #               (LUDIC_FAST_PRETEND_CUDA=1, tests/conftest.py; gpu tests deselected): a device default that leaks
 #               into a CPU test fails here ("Torch not compiled with CUDA enabled"); not part of make test
+#   make test-oldest   the unit and interpreter suites in .venv-oldest, on the oldest versions the requirements
+#               admit (tests/constraints-oldest.txt; not part of make test)
 #   make docs   regenerates docs/api.md from the docstrings (tests/test_docs.py checks every link in the docs
 #               and that docs/api.md is up to date)
 # On a CUDA machine, with its own python (GPU_PY, default python3) and its torch and triton:
@@ -17,9 +19,13 @@ VERL_VENV  ?= .venv-verl
 VERL_PY    := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.installed-stamp
 
+OLDEST_VENV  ?= .venv-oldest
+OLDEST_PY    := $(OLDEST_VENV)/bin/python
+OLDEST_STAMP := $(OLDEST_VENV)/.installed-stamp
+
 GPU_PY ?= python3
 
-.PHONY: demo test test-pretend-cuda test-gpu bench-e2e-gpu lint docs bench clean
+.PHONY: demo test test-pretend-cuda test-oldest test-gpu bench-e2e-gpu lint docs bench clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,6 +41,14 @@ $(VERL_STAMP): pyproject.toml setup.py
 	$(VERL_PY) -m pip install -q -e ".[verl]" pytest pytest-timeout
 	touch $(VERL_STAMP)
 
+# every extra the tests exercise, each package at the version tests/constraints-oldest.txt pins
+$(OLDEST_STAMP): pyproject.toml setup.py tests/constraints-oldest.txt
+	test -x $(OLDEST_PY) || python3 -m venv $(OLDEST_VENV)
+	$(OLDEST_PY) -m pip install -q --upgrade pip
+	$(OLDEST_PY) -m pip install -q -c tests/constraints-oldest.txt -e ".[dev,bench,trl,lora,redis,liger]"
+	$(OLDEST_PY) -m pip check
+	touch $(OLDEST_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/ludic-fast demo
 
@@ -46,6 +60,11 @@ test: $(STAMP) $(VERL_STAMP)
 test-pretend-cuda: $(STAMP)
 	LUDIC_FAST_PRETEND_CUDA=1 $(PY) -m pytest -q tests --ignore=tests/interpret
 	if [ -d tests/interpret ]; then LUDIC_FAST_PRETEND_CUDA=1 TRITON_INTERPRET=1 $(PY) -m pytest -q tests/interpret; fi
+
+# verl's tests need verl's own pins (make test)
+test-oldest: $(OLDEST_STAMP)
+	$(OLDEST_PY) -m pytest -q tests --ignore=tests/interpret --ignore=tests/test_integration_verl.py
+	TRITON_INTERPRET=1 $(OLDEST_PY) -m pytest -q tests/interpret
 
 docs: $(STAMP)
 	$(PY) tools/gen_api.py
@@ -69,4 +88,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) build *.egg-info
+	rm -rf $(VENV) $(VERL_VENV) $(OLDEST_VENV) build *.egg-info
