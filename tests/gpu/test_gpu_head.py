@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 from _gpu import DTYPES, GRAD_TOL, close_outputs, grad_err, on
+from _head_grads import head_and_grads
 
 from ludic_fast import reference
 from ludic_fast.ops import linear_logprobs
@@ -88,26 +89,6 @@ def make_inputs(case: Case, device: str, seed: int = 0):
     return hidden, weight, bias, targets.to(device), temperature, g_lp, g_h
 
 
-def _leaf(x: torch.Tensor, grad: bool = True) -> torch.Tensor:
-    """A copy of x with x's strides (clone() would make a non-dense view contiguous)."""
-    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
-    return out.requires_grad_(grad)
-
-
-def run_head(fn, case: Case, hidden, weight, bias, targets, temperature, g_lp, g_h):
-    """Outputs and gradients (hidden, weight unless frozen, bias if any) of one head call."""
-    leaves = [_leaf(hidden), _leaf(weight, grad=not case.frozen_weight)]
-    b = None if bias is None else _leaf(bias)
-    out = fn(leaves[0], leaves[1], targets, bias=b, logit_scale=case.logit_scale, softcap=case.softcap,
-             temperature=temperature, entropy=case.entropy)
-    outputs, upstream = [out.logprobs], [g_lp]
-    if case.entropy:
-        outputs.append(out.entropy)
-        upstream.append(g_h)
-    wrt = [leaves[0]] + ([] if case.frozen_weight else [leaves[1]]) + ([] if b is None else [b])
-    return out, torch.autograd.grad(outputs, wrt, upstream)
-
-
 def _f64(x):
     return x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
@@ -115,10 +96,10 @@ def _f64(x):
 def check_against_reference(case: Case, device: str, seed: int = 0) -> None:
     hidden, weight, bias, targets, temperature, g_lp, g_h = make_inputs(case, device, seed)
     assert hidden.is_contiguous() != case.strided and weight.is_contiguous() != case.strided
-    out, grads = run_head(linear_logprobs, case, hidden, weight, bias, targets, temperature, g_lp, g_h)
+    out, grads = head_and_grads(linear_logprobs, case, hidden, weight, bias, targets, temperature, g_lp, g_h)
     ref_case = replace(case, strided=False)
-    ref, ref_grads = run_head(reference.linear_logprobs, ref_case, *(_f64(x) for x in (hidden, weight, bias)),
-                              targets, _f64(temperature), _f64(g_lp), _f64(g_h))
+    ref, ref_grads = head_and_grads(reference.linear_logprobs, ref_case, *(_f64(x) for x in (hidden, weight, bias)),
+                                    targets, _f64(temperature), _f64(g_lp), _f64(g_h))
     assert out.logprobs.dtype == torch.float32 and out.logprobs.device == hidden.device
     close_outputs(out.logprobs, ref.logprobs, "logprobs")
     close_outputs(out.lse, ref.lse, "lse")
@@ -156,10 +137,11 @@ def test_more_than_2_to_the_31_logits(device, strategy, monkeypatch):
     keep = torch.zeros(n, dtype=torch.bool, device=device)
     keep[rows] = True
     g_lp, g_h = g_lp * keep, g_h * keep
-    out, (dh, dw, db) = run_head(linear_logprobs, case, hidden, weight, bias, targets, 1.0, g_lp, g_h)
+    out, (dh, dw, db) = head_and_grads(linear_logprobs, case, hidden, weight, bias, targets, 1.0, g_lp, g_h)
     assert bool(torch.isfinite(out.lse).all())
-    ref, (ref_dh, ref_dw, ref_db) = run_head(reference.linear_logprobs, case, _f64(hidden[rows]), _f64(weight),
-                                             _f64(bias), targets[rows], 1.0, _f64(g_lp[rows]), _f64(g_h[rows]))
+    ref, (ref_dh, ref_dw, ref_db) = head_and_grads(reference.linear_logprobs, case, _f64(hidden[rows]), _f64(weight),
+                                                   _f64(bias), targets[rows], 1.0, _f64(g_lp[rows]),
+                                                   _f64(g_h[rows]))
     for name, got, want in (("logprobs", out.logprobs, ref.logprobs), ("entropy", out.entropy, ref.entropy),
                             ("lse", out.lse, ref.lse)):
         close_outputs(got[rows], want, name)

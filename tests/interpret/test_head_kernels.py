@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from _head_grads import head_and_grads
 from _interp import DEVICE, MARKS, SM90
 
 from ludic_fast import reference
@@ -77,19 +78,6 @@ def _cpu(x):
     return x.cpu() if isinstance(x, torch.Tensor) else x
 
 
-def _head_and_grads(fn, case, hidden, weight, bias, targets, temperature, g_lp, g_h):
-    leaves = [x.detach().clone().requires_grad_() for x in (hidden, weight)]
-    b = None if bias is None else bias.detach().clone().requires_grad_()
-    out = fn(leaves[0], leaves[1], targets, bias=b, logit_scale=case.logit_scale, softcap=case.softcap,
-             temperature=temperature, entropy=case.entropy)
-    outputs, grads = [out.logprobs], [g_lp]
-    if case.entropy:
-        outputs.append(out.entropy)
-        grads.append(g_h)
-    inputs = leaves + ([b] if b is not None else [])
-    return out, torch.autograd.grad(outputs, inputs, grads)
-
-
 def _max_rel(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-12)).item()
 
@@ -104,11 +92,11 @@ def test_head_matches_reference(case, strategy, monkeypatch):
     def triton_fn(*a, **k):
         return linear_logprobs(*a, backend="triton", **k)
 
-    out, grads = _head_and_grads(triton_fn, case, hidden, weight, bias, targets, temperature, g_lp, g_h)
+    out, grads = head_and_grads(triton_fn, case, hidden, weight, bias, targets, temperature, g_lp, g_h)
     # the reference runs in fp32 on the CPU, on the exact fp32 images of the (possibly bf16) inputs
     f32 = [None if x is None else x.float().cpu() for x in (hidden, weight, bias)]
     targets, temperature, g_lp, g_h = (_cpu(x) for x in (targets, temperature, g_lp, g_h))
-    ref, ref_grads = _head_and_grads(reference.linear_logprobs, case, *f32, targets, temperature, g_lp, g_h)
+    ref, ref_grads = head_and_grads(reference.linear_logprobs, case, *f32, targets, temperature, g_lp, g_h)
 
     assert out.logprobs.dtype == torch.float32 and out.logprobs.shape == targets.shape
     torch.testing.assert_close(out.logprobs.cpu(), ref.logprobs, atol=2e-5, rtol=1e-5)
@@ -244,11 +232,11 @@ def test_tma_variant_matches_reference(case, chunk_elements, descriptors, monkey
     def triton_fn(*a, **k):
         return linear_logprobs(*a, backend="triton", chunk_elements=chunk_elements, **k)
 
-    out, grads = _head_and_grads(triton_fn, case, hidden, weight, bias, targets, temperature, g_lp, g_h)
+    out, grads = head_and_grads(triton_fn, case, hidden, weight, bias, targets, temperature, g_lp, g_h)
     assert len(blocks) == (descriptors if SM90 else 0), blocks  # sm_80: pointer loads
     f32 = [None if x is None else x.float().cpu() for x in (hidden, weight, bias)]
     targets, temperature, g_lp, g_h = (_cpu(x) for x in (targets, temperature, g_lp, g_h))
-    ref, ref_grads = _head_and_grads(reference.linear_logprobs, case, *f32, targets, temperature, g_lp, g_h)
+    ref, ref_grads = head_and_grads(reference.linear_logprobs, case, *f32, targets, temperature, g_lp, g_h)
     torch.testing.assert_close(out.logprobs.cpu(), ref.logprobs, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(out.lse.cpu(), ref.lse, atol=2e-5, rtol=1e-5)
     if case.entropy:
