@@ -61,6 +61,7 @@ from ludic_fast.integrations.packing import (
     auto_attention,
     check_packed_attention,
     resolve_packed_attention,
+    use_sdpa_varlen,
 )
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
 from ludic_fast.memory_estimate import estimate_peak_memory
@@ -113,8 +114,9 @@ class TrainerConfig:
     kl_target / entropy_floor / ref_reset / ref_mix_alpha / kl_ema_decay: ProRL reference resets (needs a
     ref_model). layout: "padded" (right padding) or "packed" (one row per micro-batch, restarting
     position_ids, attention kept within each sequence by `packed_attention`: "auto" picks flash varlen,
-    a flex BlockMask or a block-diagonal mask by the model's attention implementation, see
-    `integrations.packing`; unsupported models are refused). check_packing: probe the packed path once
+    a flex BlockMask or per-sequence SDPA ("sdpa_varlen", which eager / sdpa models are moved to on CPU),
+    see `integrations.packing`; "mask" keeps eager / sdpa with a dense block-diagonal mask; unsupported
+    models are refused). check_packing: probe the packed path once
     at construction (two sequences packed vs alone) and refuse it when inexact. body_kernels: Liger-Kernel's
     RMSNorm / RoPE / SwiGLU / GeGLU kernels on the body (`integrations.body_kernels`; None = on for a CUDA
     model_device, True on CPU is refused). compile_body: `torch.compile` each decoder layer (True: inductor,
@@ -355,13 +357,15 @@ class Trainer:
 
     def _packed_attention(self, model: nn.Module, *, training: bool) -> PackedAttention:
         """The packed-attention path of `model` (`integrations.packing`), probed when `check_packing`. Under
-        `packed_attention="auto"` an eager / sdpa model on CUDA is first moved to flash-attention-2 or flex
-        attention (`auto_attention`)."""
+        `packed_attention="auto"` an eager / sdpa model is first moved to flash-attention-2 or flex attention
+        (CUDA) or per-sequence SDPA (`auto_attention`); `"sdpa_varlen"` moves it to per-sequence SDPA."""
         if self.cfg.packed_attention == "auto":
             param = next(model.parameters(), None)
             dtypes = (torch.float16, torch.bfloat16)
             half = self.amp_dtype in dtypes or (param is not None and param.dtype in dtypes)
             auto_attention(model, self.device, half=half, max_seq_len=self.cfg.max_seq_len)
+        elif self.cfg.packed_attention == "sdpa_varlen":
+            use_sdpa_varlen(model)
         packing = resolve_packed_attention(
             model,
             path=self.cfg.packed_attention,

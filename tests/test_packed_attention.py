@@ -1,8 +1,9 @@
 """Packed (padding-free) micro-batches equal padded ones per sequence on every attention path this machine runs:
-logits, loss and gradients of a Llama and a Qwen2 (GQA, qkv bias, tied head) under eager and sdpa (block-diagonal
-mask), flex attention's forward on CPU (BlockMask), and the refusals: flex training on CPU, a model without a
-transformers attention implementation, a sliding window shorter than max_seq_len, a forced path that does not
-fit, and the probe's refusal of inputs that mix sequences (the old position_ids + all-ones mask)."""
+logits, loss and gradients of a Llama and a Qwen2 (GQA, qkv bias, tied head) from eager and sdpa models on the
+block-diagonal mask and on per-sequence SDPA (sdpa_varlen, also with a binding sliding window), flex attention's
+forward on CPU (BlockMask), and the refusals: flex training on CPU, a model without a transformers attention
+implementation, a sliding window shorter than max_seq_len on the mask path, a forced path that does not fit, and
+the probe's refusal of inputs that mix sequences (the old position_ids + all-ones mask)."""
 
 from __future__ import annotations
 
@@ -26,12 +27,15 @@ from ludic_fast.integrations.packing import (
     check_packed_attention,
     document_ids,
     resolve_packed_attention,
+    use_sdpa_varlen,
 )
+from ludic_fast.integrations.sdpa_varlen import SDPA_VARLEN
 from ludic_fast.integrations.transformers import final_hidden_states
 from ludic_fast.trainer import Trainer, TrainerConfig
 from ludic_fast.types import SAWBatch
 
 SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+WINDOW = {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0}  # Qwen2: every layer, 8 < 16
 
 
 def _model(arch: str, attn: str, **extra) -> torch.nn.Module:
@@ -62,17 +66,25 @@ def test_document_ids():
     assert document_ids(cu, 8).tolist() == [0, 0, 0, 1, 2, 2, 2, 2]
 
 
+@pytest.mark.parametrize("path", ["mask", "sdpa_varlen"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_packed_equals_padded_logits_loss_and_gradients(arch, attn):
-    """Per sequence: logits of the packed row == the padded row's; the packed micro-batch's CISPO loss and every
-    parameter's gradient == the reference CISPOLoss on the padded batch's full logits."""
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2-window"])
+def test_packed_equals_padded_logits_loss_and_gradients(arch, attn, path):
+    """Per sequence: logits of the packed row == the padded row's (the model's own eager / sdpa attention); the
+    packed micro-batch's CISPO loss and every parameter's gradient == the reference CISPOLoss on the padded
+    batch's full logits. qwen2-window: a sliding window of 8 tokens on every layer binds in the longer sequences
+    (sdpa_varlen applies it per sequence; the mask path refuses it, tested below)."""
+    if arch == "qwen2-window" and path == "mask":
+        pytest.skip("the mask path refuses a binding sliding window")
     items = make_items(6, seed=3)
     padded, packed = _batches(items)
-    model = _model(arch, attn)
+    model = _model("qwen2", attn, **WINDOW) if arch == "qwen2-window" else _model(arch, attn)
     ref_model = copy.deepcopy(model)
-    trainer = _trainer(model, "packed")
-    assert trainer.packing.path == "mask" and trainer.packing.attn_implementation == attn
+    trainer = _trainer(model, "packed", packed_attention=path)
+    assert trainer.packing.path == path
+    assert trainer.packing.attn_implementation == (attn if path == "mask" else SDPA_VARLEN)
+    if arch == "qwen2-window":
+        assert int(packed["cu_seqlens"].diff().max()) > WINDOW["sliding_window"]
     with torch.no_grad():
         h_packed = final_hidden_states(model, **trainer._model_inputs(packed))[0]
         h_padded = final_hidden_states(model, input_ids=padded["input_ids"], attention_mask=padded["attention_mask"])
@@ -92,14 +104,15 @@ def test_packed_equals_padded_logits_loss_and_gradients(arch, attn):
         torch.testing.assert_close(got[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_packed_step_gradient_equals_padded_step_gradient():
+@pytest.mark.parametrize("path", ["mask", "sdpa_varlen"])
+def test_packed_step_gradient_equals_padded_step_gradient(path):
     """Whole-step accumulation (truncate, sort, split into several micro-batches, collate, backward) from one
     init: the same loss and gradients under both layouts."""
     model = _model("llama", "sdpa")
     items = make_items(8, seed=6)
     out = {}
     for layout in ("padded", "packed"):
-        trainer = _trainer(copy.deepcopy(model), layout, micro_token_budget=24)
+        trainer = _trainer(copy.deepcopy(model), layout, micro_token_budget=24, packed_attention=path)
         loss, _, sizes, _ = trainer.accumulate_gradients(SAWBatch(items=list(items)))
         assert len(sizes) > 1
         out[layout] = loss, {n: p.grad for n, p in trainer.model.named_parameters()}
@@ -157,11 +170,19 @@ def test_model_without_attention_implementation_is_refused():
         resolve_packed_attention(Bare())
 
 
-def test_sliding_window_shorter_than_max_seq_len_is_refused():
-    model = _model("qwen2", "sdpa", use_sliding_window=True, sliding_window=8, max_window_layers=0)
+def test_sliding_window_shorter_than_max_seq_len_is_refused_on_the_mask_path():
+    model = _model("qwen2", "sdpa", **WINDOW)
     with pytest.raises(PackedAttentionError, match="sliding-window"):
-        _trainer(model, "packed")  # max_seq_len 16 > window 8
+        _trainer(model, "packed", packed_attention="mask")  # max_seq_len 16 > window 8
     assert resolve_packed_attention(model, max_seq_len=8).path == "mask"  # the window never binds
+    assert _trainer(model, "packed").packing.path == "sdpa_varlen"  # auto: windows applied per sequence
+
+
+def test_chunked_attention_shorter_than_max_seq_len_is_refused_on_sdpa_varlen():
+    model = _model("llama", "sdpa")
+    model.config.attention_chunk_size = 8
+    with pytest.raises(PackedAttentionError, match="chunked"):
+        _trainer(model, "packed")
 
 
 def test_forced_path_that_does_not_fit_is_refused():
@@ -181,14 +202,20 @@ class _OldInputs(PackedAttention):
         return {"input_ids": ids, "position_ids": batch["position_ids"], "attention_mask": torch.ones_like(ids)}
 
 
+@pytest.mark.parametrize("path", ["mask", "sdpa_varlen"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_the_probe_refuses_inputs_that_mix_sequences(attn):
+def test_the_probe_refuses_inputs_that_mix_sequences(attn, path):
     """Restarting position_ids with an all-ones 2D mask let the second sequence attend the first under eager and
-    sdpa: the probe measures it and refuses; the resolved path passes it exactly (isolation error 0)."""
+    sdpa (and sdpa_varlen without cu_seq_lens: transformers' sdpa): the probe measures it and refuses; the
+    resolved path passes it exactly (isolation error 0)."""
     model = _model("llama", attn)
+    if path == "sdpa_varlen":
+        assert use_sdpa_varlen(model) and attention_implementation(model) == SDPA_VARLEN
     with pytest.raises(PackedAttentionError, match="attend the one before it"):
         check_packed_attention(model, _OldInputs(path="position_ids", attn_implementation=attn))
-    errors = check_packed_attention(model, resolve_packed_attention(model))
+    packing = resolve_packed_attention(model)
+    assert packing.path == path
+    errors = check_packed_attention(model, packing)
     assert errors["isolation"] == 0.0 and errors["positions"] < 1e-5
 
 
@@ -212,18 +239,23 @@ def test_packed_equals_padded_through_a_peft_lora_wrapper():
         torch.testing.assert_close(out["packed"][1][name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_auto_attention_moves_eager_and_sdpa_to_flex_or_flash_on_cuda_only():
-    """The choice only (the model stays on the CPU here): on CPU nothing changes; for CUDA an sdpa model goes to
-    flex attention (flash-attention-2 first when flash-attn is installed and the compute is half precision),
-    not when a sliding window shorter than max_seq_len would bind, and a user's other choice is kept."""
+def test_auto_attention_moves_eager_and_sdpa_to_flash_flex_or_sdpa_varlen():
+    """The choice only (the model stays on the CPU here): on CPU an sdpa or eager model goes to sdpa_varlen; for
+    CUDA to flex attention (flash-attention-2 first when flash-attn is installed and the compute is half
+    precision), to sdpa_varlen when a sliding window shorter than max_seq_len would bind flex's mask, and a
+    user's other choice is kept."""
     flash = importlib.util.find_spec("flash_attn") is not None
+    for attn in ("sdpa", "eager"):
+        model = _model("llama", attn)
+        assert auto_attention(model, "cpu", half=True) == SDPA_VARLEN == attention_implementation(model)
     model = _model("llama", "sdpa")
-    assert auto_attention(model, "cpu", half=True) is None and attention_implementation(model) == "sdpa"
     assert auto_attention(model, "cuda", half=False) == "flex_attention"
     assert attention_implementation(model) == "flex_attention"
     assert auto_attention(model, "cuda", half=False) is None  # not eager/sdpa any more: kept
+    assert not use_sdpa_varlen(model) and attention_implementation(model) == "flex_attention"
     half = _model("qwen2", "eager")
     assert auto_attention(half, "cuda", half=True) == ("flash_attention_2" if flash else "flex_attention")
-    windowed = _model("qwen2", "sdpa", use_sliding_window=True, sliding_window=8, max_window_layers=0)
-    assert auto_attention(windowed, "cuda", half=False, max_seq_len=16) is None
+    windowed = _model("qwen2", "sdpa", **WINDOW)
     assert auto_attention(windowed, "cuda", half=False, max_seq_len=8) == "flex_attention"
+    windowed = _model("qwen2", "sdpa", **WINDOW)
+    assert auto_attention(windowed, "cuda", half=False, max_seq_len=16) == SDPA_VARLEN

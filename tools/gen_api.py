@@ -43,6 +43,7 @@ MODULES = [
     ("ludic_fast.embedded", "the embedded default: tiny model, character tokenizer, addition task"),
     ("ludic_fast.integrations.transformers", "hidden states and head of any transformers causal LM"),
     ("ludic_fast.integrations.packing", "exact packed (padding-free) attention inputs and their probe"),
+    ("ludic_fast.integrations.sdpa_varlen", "exact varlen attention without flash-attn: per-sequence SDPA"),
     ("ludic_fast.integrations.body_kernels", "Liger-Kernel body kernels and torch.compile of the decoder"),
     ("ludic_fast.integrations.trl", "TRL: FastGRPOTrainer"),
     ("ludic_fast.integrations.verl", "verl: fused forward and policy losses"),

@@ -12,6 +12,10 @@ which this module provides per attention implementation (`config._attn_implement
 - `varlen`  flash-attention (`flash_attention_2/3`, kernels-hub flash): no mask, `cu_seq_lens_q/k` and
             `max_length_q/k` keyword arguments; the varlen kernel runs each sequence on its own
             (Dao, "FlashAttention-2", arXiv 2307.08691).
+- `sdpa_varlen`  `ludic_sdpa_varlen` (`integrations.sdpa_varlen`, any device, no flash-attn): PyTorch's SDPA
+            run causally on each sequence of `cu_seq_lens_q/k`, Σ len² work, and an all-ones 2D mask (no dense
+            mask is built, but for a sliding window that binds; it is ignored). Sliding windows are applied
+            per sequence.
 - `flex`    `flex_attention`: a `BlockMask` of the rule above (torch.nn.attention.flex_attention); fully
             masked tiles are skipped. PyTorch's flex attention has no backward on CPU.
 - `mask`    `eager` / `sdpa`: a dense `[1, 1, total, total]` mask of the rule above (bool for sdpa, additive
@@ -19,9 +23,10 @@ which this module provides per attention implementation (`config._attn_implement
 - `position_ids`  restarting positions only: for models whose own attention separates sequences by them.
 
 `resolve_packed_attention` picks the path (or refuses with `PackedAttentionError`, a ValueError) and
-`check_packed_attention` proves it on the model with a two-sequence probe. On CUDA the dense mask costs
-O(total²) attention work, more than the padded batch it replaces; `auto_attention` therefore first moves an
-eager / sdpa model to flash-attention-2 (flash-attn installed, half-precision compute) or else to flex attention.
+`check_packed_attention` proves it on the model with a two-sequence probe. The dense mask costs O(total²)
+attention work, more than the padded batch it replaces; `auto_attention` therefore first moves an eager / sdpa
+model to flash-attention-2 (CUDA, flash-attn installed, half-precision compute), else flex attention (CUDA),
+else `ludic_sdpa_varlen` (CPU, or when neither applies on CUDA).
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ludic_fast.integrations.sdpa_varlen import SDPA_VARLEN
 from ludic_fast.integrations.transformers import call_in_forward, final_hidden_states, unwrap_model
 
-PACKED_ATTENTION_PATHS = ("auto", "varlen", "flex", "mask", "position_ids")
+PACKED_ATTENTION_PATHS = ("auto", "varlen", "sdpa_varlen", "flex", "mask", "position_ids")
 
 
 class PackedAttentionError(ValueError):
@@ -59,6 +65,8 @@ def _auto_path(impl: str | None) -> str:
         )
     if "flash" in impl:
         return "varlen"
+    if impl == SDPA_VARLEN:
+        return "sdpa_varlen"
     if impl == "flex_attention":
         return "flex"
     if impl in ("eager", "sdpa"):
@@ -69,8 +77,8 @@ def _auto_path(impl: str | None) -> str:
     )
 
 
-def _limited_window(config: Any) -> int | None:
-    """The smallest sliding-window / chunk size any layer of the model uses, or None."""
+def _limited_window(config: Any, *, sliding: bool = True) -> int | None:
+    """The smallest sliding-window (unless not `sliding`) / chunk size any layer of the model uses, or None."""
     windows = []
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
@@ -79,7 +87,7 @@ def _limited_window(config: Any) -> int | None:
         if isinstance(layer_types, (list, tuple))
         else getattr(config, "use_sliding_window", True)
     )
-    if isinstance(window, int) and uses_window:
+    if sliding and isinstance(window, int) and uses_window:
         windows.append(window)
     chunk = getattr(config, "attention_chunk_size", None)
     if isinstance(chunk, int):
@@ -103,7 +111,8 @@ class PackedAttention:
     def model_inputs(self, batch: Mapping[str, Tensor]) -> dict[str, Any]:
         """Keyword arguments of the base model's forward for a packed batch (`input_ids [1, total]`,
         `position_ids [1, total]`, `cu_seqlens [S+1]`): input_ids, position_ids and the path's attention
-        inputs. No `attention_mask` on the varlen and position_ids paths (flash-attention would unpad by it)."""
+        inputs. No `attention_mask` on the varlen and position_ids paths (flash-attention would unpad by it);
+        sdpa_varlen gets an all-ones one (no dense mask unless a sliding window binds) and host `cu_seq_lens_q/k`."""
         ids, cu = batch["input_ids"], batch["cu_seqlens"]
         if ids.ndim != 2 or ids.shape[0] != 1:
             raise ValueError(f"input_ids: a packed batch is one row [1, total], got {tuple(ids.shape)}")
@@ -112,6 +121,9 @@ class PackedAttention:
             cu = cu.to(device=ids.device, dtype=torch.int32)
             longest = int((cu[1:] - cu[:-1]).max())
             inputs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+        elif self.path == "sdpa_varlen":
+            cu = cu.to(device="cpu", dtype=torch.int32)
+            inputs.update(attention_mask=torch.ones_like(ids), cu_seq_lens_q=cu, cu_seq_lens_k=cu)
         elif self.path == "flex":
             inputs["attention_mask"] = _block_mask(document_ids(cu, ids.shape[1]))
         elif self.path == "mask":
@@ -148,21 +160,24 @@ def _block_mask(doc: Tensor) -> Any:
 
 def auto_attention(model: nn.Module, device: torch.device | str, *, half: bool, max_seq_len: int | None = None
                    ) -> str | None:
-    """Switch an eager / sdpa model that will train on CUDA to the packed implementation that skips masked work:
+    """Switch an eager / sdpa model to the packed implementation that skips masked work. On CUDA:
     `flash_attention_2` when flash-attn is installed and the compute dtype is half (`half`), else
-    `flex_attention` (not for a sliding window shorter than `max_seq_len`: its BlockMask here is full causal).
-    Returns the implementation set (via transformers' `set_attn_implementation`), or None: not CUDA, another
-    implementation already chosen by the user, or none available."""
+    `flex_attention` (not for a sliding window shorter than `max_seq_len`: its BlockMask here is full causal);
+    on CPU, or when neither applies, `SDPA_VARLEN` (`integrations.sdpa_varlen`). Returns the implementation set
+    (via transformers' `set_attn_implementation`), or None: another implementation already chosen by the user,
+    or none available."""
     impl = attention_implementation(model)
     lm = unwrap_model(model)
-    if torch.device(device).type != "cuda" or impl not in ("eager", "sdpa"):
+    if impl not in ("eager", "sdpa") or not hasattr(lm, "set_attn_implementation"):
         return None
-    if not hasattr(lm, "set_attn_implementation"):
-        return None
-    candidates = ["flash_attention_2"] if half and importlib.util.find_spec("flash_attn") is not None else []
-    window = _limited_window(lm.config)
-    if window is None or (max_seq_len is not None and max_seq_len <= window):
-        candidates.append("flex_attention")
+    candidates = []
+    if torch.device(device).type == "cuda":
+        if half and importlib.util.find_spec("flash_attn") is not None:
+            candidates.append("flash_attention_2")
+        window = _limited_window(lm.config)
+        if window is None or (max_seq_len is not None and max_seq_len <= window):
+            candidates.append("flex_attention")
+    candidates.append(SDPA_VARLEN)
     for name in candidates:
         try:
             lm.set_attn_implementation(name)
@@ -170,6 +185,15 @@ def auto_attention(model: nn.Module, device: torch.device | str, *, half: bool, 
             continue
         return name
     return None
+
+
+def use_sdpa_varlen(model: nn.Module) -> bool:
+    """Switch an eager / sdpa model to `SDPA_VARLEN` (the forced `packed_attention="sdpa_varlen"`); True if set."""
+    lm = unwrap_model(model)
+    if attention_implementation(model) not in ("eager", "sdpa") or not hasattr(lm, "set_attn_implementation"):
+        return False
+    lm.set_attn_implementation(SDPA_VARLEN)
+    return True
 
 
 def resolve_packed_attention(
@@ -181,8 +205,9 @@ def resolve_packed_attention(
     Raises `PackedAttentionError` where packing cannot be exact: no transformers attention implementation
     (auto), an implementation other than eager / sdpa / flex_attention / flash_attention_*, flex attention
     when training on CPU (PyTorch has no flex backward there), a forced path the implementation does not take,
-    or a sliding-window / chunked-attention model (mask and flex paths) whose window is shorter than
-    `max_seq_len` (with shorter sequences the window never binds)."""
+    or a sliding-window / chunked-attention model (mask and flex paths; chunked only on sdpa_varlen, which
+    applies sliding windows per sequence) whose window is shorter than `max_seq_len` (with shorter sequences
+    the window never binds)."""
     if path not in PACKED_ATTENTION_PATHS:
         raise ValueError(f"packed_attention must be one of {PACKED_ATTENTION_PATHS}, got {path!r}")
     impl = attention_implementation(model)
@@ -195,15 +220,16 @@ def resolve_packed_attention(
     if chosen == "flex" and training and torch.device(device).type == "cpu":
         raise PackedAttentionError(
             "layout='packed' with flex_attention on CPU: PyTorch's flex attention has no backward on CPU; "
-            "use attn_implementation='sdpa' or 'eager' there (the trainer then uses a block-diagonal mask)"
+            "use attn_implementation='sdpa' or 'eager' there (the trainer then attends each sequence on its own)"
         )
     config = getattr(unwrap_model(model), "config", None)
-    window = _limited_window(config) if config is not None else None
-    if chosen in ("mask", "flex") and window is not None and (max_seq_len is None or max_seq_len > window):
+    window = _limited_window(config, sliding=chosen != "sdpa_varlen") if config is not None else None
+    binds = window is not None and (max_seq_len is None or max_seq_len > window)
+    if binds and chosen in ("mask", "flex", "sdpa_varlen"):
         raise PackedAttentionError(
             f"layout='packed': the model uses sliding-window / chunked attention (window {window}) and "
-            f"max_seq_len={max_seq_len} exceeds it; the {chosen} path builds a full block-diagonal causal mask. "
-            "Use flash_attention_2 (windows applied per sequence), max_seq_len <= the window, or layout='padded'"
+            f"max_seq_len={max_seq_len} exceeds it; the {chosen} path does not apply it. "
+            "Use flash_attention_2 or (sliding windows) sdpa_varlen, max_seq_len <= the window, or layout='padded'"
         )
     mask_dtype = None
     if chosen == "mask" and impl == "eager":
@@ -289,6 +315,7 @@ __all__ = [
     "PackedAttention",
     "attention_implementation",
     "auto_attention",
+    "use_sdpa_varlen",
     "document_ids",
     "resolve_packed_attention",
     "check_packed_attention",

@@ -1,6 +1,7 @@
 """The trainer's GPU paths on the test's device: packed == padded gradients on every attention implementation
-available there (sdpa / eager: block-diagonal mask, `packed_attention="mask"`; CUDA: flex attention,
-flash-attention-2 when installed, and the automatic move of an sdpa model to one of them),
+available there (sdpa / eager: block-diagonal mask, `packed_attention="mask"`; per-sequence SDPA,
+`packed_attention="sdpa_varlen"`; CUDA: flex attention, flash-attention-2 when installed, and the automatic move
+of an sdpa model to one of them),
 Liger's body kernels against the unfused body (CUDA), and bf16 mixed precision against fp32."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ FLASH = importlib.util.find_spec("flash_attn") is not None
 ATTENTION = [
     on("cpu", "sdpa", id="cpu-sdpa"), on("cpu", "eager", id="cpu-eager"),
     on("cuda", "sdpa", id="cuda-sdpa"), on("cuda", "eager", id="cuda-eager"),
+    on("cpu", "sdpa_varlen", id="cpu-sdpa-varlen"), on("cuda", "sdpa_varlen", id="cuda-sdpa-varlen"),
     on("cuda", "flex_attention", id="cuda-flex"),
     pytest.param("cuda", "flash_attention_2", id="cuda-flash2",
                  marks=(*CUDA_ONLY, pytest.mark.skipif(not FLASH, reason="needs flash-attn"))),
@@ -47,9 +49,10 @@ def _close(got: dict, want: dict, tol: float) -> None:
 def test_packed_equals_padded(device, attn):
     """Several micro-batches; bf16 weights on CUDA (flash-attention needs half precision), fp32 on the CPU."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = _model("qwen2", "sdpa" if attn == "auto" else attn).to(device=device, dtype=dtype)
+    model = _model("qwen2", "sdpa" if attn in ("auto", "sdpa_varlen") else attn).to(device=device, dtype=dtype)
     items = make_items(8, seed=7)
     how = "auto" if attn in ("auto", "flex_attention", "flash_attention_2") else "mask"
+    how = "sdpa_varlen" if attn == "sdpa_varlen" else how
     grads = {layout: _grads(copy.deepcopy(model), items, device, layout=layout, body_kernels=False,
                             packed_attention=how) for layout in ("padded", "packed")}
     _close(grads["packed"], grads["padded"], GRAD_TOL[dtype])

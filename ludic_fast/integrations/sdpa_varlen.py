@@ -1,0 +1,92 @@
+"""Exact varlen attention without flash-attn: the sequences of a packed row attended one at a time.
+
+A packed row `[1, heads, total, head_dim]` holds S sequences at `cu_seqlens` (sequence s occupies
+`[cu[s], cu[s+1])`). Block-diagonal causal attention over the row equals causal attention over each sequence
+alone, so
+
+    out[cu[s]:cu[s+1]] = SDPA(q[cu[s]:cu[s+1]], k[...], v[...], is_causal=True)
+
+with PyTorch's `scaled_dot_product_attention`
+(https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html): Σ L_s²
+attention work instead of the total² of a dense block-diagonal mask, no mask memory, autograd on every device.
+A sliding window w (the `sliding_window` keyword the model passes its attention function) keeps keys with
+`q - w < k <= q` inside each sequence, as transformers' masks do.
+
+The function is registered in transformers' `AttentionInterface` as `SDPA_VARLEN`, with transformers' sdpa mask
+in `AttentionMaskInterface`: a call without `cu_seq_lens_q` (a padded batch, generation) runs transformers'
+`sdpa_attention_forward` unchanged. A packed forward passes `cu_seq_lens_q` / `cu_seq_lens_k` (host tensors,
+so splitting the row needs no device sync) and an all-ones 2D `attention_mask`, for which transformers builds
+no 4D mask unless a sliding window binds; such a mask is ignored on the packed path. The per-sequence part
+runs outside `torch.compile` (`torch.compiler.disable`): its split depends on each batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward, use_gqa_in_sdpa
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+#: the attention implementation name (`config._attn_implementation`); contains "sdpa" so that transformers
+#: checks the model supports SDPA when it is set
+SDPA_VARLEN = "ludic_sdpa_varlen"
+
+_UNSUPPORTED = ("softcap", "s_aux")
+
+
+def sdpa_varlen_attention_forward(
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+    dropout: float = 0.0, scaling: float | None = None, **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers attention function: query `[1, heads, total, d]`, key / value `[1, kv_heads, total, d]`
+    (GQA: kv heads repeated, or SDPA's `enable_gqa`, as transformers' sdpa does) -> `([1, total, heads, d],
+    None)`, causal within each sequence of `cu_seq_lens_q`. Without `cu_seq_lens_q`: transformers' sdpa."""
+    if kwargs.get("cu_seq_lens_q") is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    return _per_sequence(module, query, key, value, dropout, scaling, kwargs), None
+
+
+@torch.compiler.disable  # the split depends on each batch's cu_seqlens: compiling it would recompile per batch
+def _per_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, dropout: float,
+                  scaling: float | None, kwargs: dict[str, Any]) -> Tensor:
+    for name in _UNSUPPORTED:
+        if kwargs.get(name) is not None:
+            raise ValueError(f"{SDPA_VARLEN}: attention keyword {name!r} is not supported; "
+                             "use packed_attention='mask' (eager) or layout='padded'")
+    cu, cu_k = kwargs["cu_seq_lens_q"], kwargs.get("cu_seq_lens_k")
+    if cu_k is not None and cu_k is not cu and not torch.equal(cu_k.cpu(), cu.cpu()):
+        raise ValueError(f"{SDPA_VARLEN}: cu_seq_lens_k must equal cu_seq_lens_q (self-attention over a packed row)")
+    bounds = cu.tolist()
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    total = query.shape[2]
+    if query.shape[0] != 1 or key.shape[2] != total or bounds[0] != 0 or bounds[-1] != total:
+        raise ValueError(f"{SDPA_VARLEN}: cu_seq_lens_q {bounds} must split one packed row of {total} query and key "
+                         f"tokens, got query {tuple(query.shape)}, key {tuple(key.shape)} (no KV cache)")
+    window = kwargs.get("sliding_window")
+    groups = getattr(module, "num_key_value_groups", 1)
+    gqa = groups > 1 and window is None and use_gqa_in_sdpa(None, key, value)
+    if groups > 1 and not gqa:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    extra = {"enable_gqa": True} if gqa else {}
+    outs = []
+    for q, k, v in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2)):
+        n = q.shape[2]
+        mask = None
+        if window is not None and n > window:
+            i = torch.arange(n, device=q.device)
+            lag = i[:, None] - i[None, :]
+            mask = (lag >= 0) & (lag < window)
+        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling,
+                                                   is_causal=mask is None, **extra))
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
+
+
+AttentionInterface.register(SDPA_VARLEN, sdpa_varlen_attention_forward)
+AttentionMaskInterface.register(SDPA_VARLEN, sdpa_mask)
+
+__all__ = ["SDPA_VARLEN", "sdpa_varlen_attention_forward"]
