@@ -13,7 +13,7 @@ import importlib.util
 import pytest
 import torch
 from _trainer_fixtures import TOKENIZER, ListSource, make_items
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from ludic_fast import reference
 from ludic_fast.algorithm import make_cispo
@@ -259,3 +259,13 @@ def test_auto_attention_moves_eager_and_sdpa_to_flash_flex_or_sdpa_varlen():
     assert auto_attention(windowed, "cuda", half=False, max_seq_len=8) == "flex_attention"
     windowed = _model("qwen2", "sdpa", **WINDOW)
     assert auto_attention(windowed, "cuda", half=False, max_seq_len=16) == SDPA_VARLEN
+
+
+def test_auto_attention_keeps_softcapped_models_on_the_dense_mask():
+    """Gemma 2 soft-caps its attention logits (a keyword sdpa_varlen refuses): auto leaves the eager model as it
+    is, so the resolved packed path is the exact dense mask, as before sdpa_varlen existed."""
+    config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, attn_implementation="eager")
+    model = Gemma2ForCausalLM(config)
+    assert auto_attention(model, "cpu", half=False) is None and attention_implementation(model) == "eager"
+    assert resolve_packed_attention(model, device="cpu", max_seq_len=64).path == "mask"

@@ -163,7 +163,8 @@ def auto_attention(model: nn.Module, device: torch.device | str, *, half: bool, 
     """Switch an eager / sdpa model to the packed implementation that skips masked work. On CUDA:
     `flash_attention_2` when flash-attn is installed and the compute dtype is half (`half`), else
     `flex_attention` (not for a sliding window shorter than `max_seq_len`: its BlockMask here is full causal);
-    on CPU, or when neither applies, `SDPA_VARLEN` (`integrations.sdpa_varlen`). Returns the implementation set
+    on CPU, or when neither applies, `SDPA_VARLEN` (`integrations.sdpa_varlen`) unless the model soft-caps its
+    attention logits or has attention sinks (it then keeps the dense mask). Returns the implementation set
     (via transformers' `set_attn_implementation`), or None: another implementation already chosen by the user,
     or none available."""
     impl = attention_implementation(model)
@@ -177,7 +178,8 @@ def auto_attention(model: nn.Module, device: torch.device | str, *, half: bool, 
         window = _limited_window(lm.config)
         if window is None or (max_seq_len is not None and max_seq_len <= window):
             candidates.append("flex_attention")
-    candidates.append(SDPA_VARLEN)
+    if not _has_softcap_or_sinks(lm):
+        candidates.append(SDPA_VARLEN)
     for name in candidates:
         try:
             lm.set_attn_implementation(name)
@@ -185,6 +187,17 @@ def auto_attention(model: nn.Module, device: torch.device | str, *, half: bool, 
             continue
         return name
     return None
+
+
+def _has_softcap_or_sinks(lm: nn.Module) -> bool:
+    """Attention logit soft-capping (Gemma 2's `attn_logit_softcapping`) or attention sinks (modules with a
+    `sinks` parameter, gpt-oss): keywords `SDPA_VARLEN` refuses, so `auto` leaves such a model on its dense-mask
+    path."""
+    config = getattr(lm, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "attn_logit_softcapping", None) is not None:
+        return True
+    return any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in lm.modules())
 
 
 def use_sdpa_varlen(model: nn.Module) -> bool:
