@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _pretend_cuda
 import pytest
 import torch
 from _trainer_fixtures import ListSource, make_items, tiny_model
@@ -37,7 +38,10 @@ def _cuda_reported(monkeypatch, available: bool) -> None:
 
 @pytest.fixture
 def pretend_cuda(monkeypatch):
-    _cuda_reported(monkeypatch, True)
+    """What LUDIC_FAST_PRETEND_CUDA=1 does (torch's own bookkeeping is told the truth), undone after the test."""
+    for name in ("is_available", "device_count"):
+        monkeypatch.setattr(torch.cuda, name, getattr(torch.cuda, name))  # the originals, restored afterwards
+    _pretend_cuda.patch(torch)
 
 
 @pytest.mark.parametrize("available", [False, True])

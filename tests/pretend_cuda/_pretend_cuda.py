@@ -6,10 +6,10 @@ Only `torch.cuda.is_available` (-> True) and `torch.cuda.device_count` (-> 1) ar
 ludic_fast, transformers, accelerate, deepspeed (its accelerator choice, unless DS_ACCELERATOR names one) and
 triton's driver consult to choose a device; anything that then really uses CUDA (a tensor on "cuda", the CUDA
 RNG, device properties) reaches torch's own lazy CUDA initialisation and raises. Triton's driver then claims
-CUDA too, so kernels run only under its interpreter (TRITON_INTERPRET=1), as on a CPU machine. torch's dynamo
-bookkeeping is told the truth (BOOKKEEPING below). A process with CUDA_VISIBLE_DEVICES="" (or "-1") sees no
-device, as on a real GPU machine. Child Python processes inherit the mode through this folder's
-sitecustomize.py (the test conftest puts the folder on PYTHONPATH)."""
+CUDA too, so kernels run only under its interpreter (TRITON_INTERPRET=1), as on a CPU machine. torch's own
+bookkeeping (dynamo, the optimizers' graph-capture check) is told the truth (BOOKKEEPING below). A process with
+CUDA_VISIBLE_DEVICES="" (or "-1") sees no device, as on a real GPU machine. Child Python processes inherit the
+mode through this folder's sitecustomize.py (the test conftest puts the folder on PYTHONPATH)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ def active() -> bool:
 
 
 # torch's own bookkeeping that asks about CUDA without choosing a device for anyone's tensors (dynamo saves and
-# restores the CUDA RNG around every compiled frame and asks whether triton could target the GPU): it is told
-# the truth, as on a GPU machine those calls simply succeed
-BOOKKEEPING = ("torch._dynamo", "torch.utils._triton")
+# restores the CUDA RNG around every compiled frame and asks whether triton could target the GPU; every optimizer
+# step asks whether a CUDA graph is being captured, which a CUDA build of torch without a driver cannot answer):
+# it is told the truth, as on a GPU machine those calls simply succeed
+BOOKKEEPING = ("torch._dynamo", "torch.utils._triton", "torch.optim")
 
 
 def _pretends() -> bool:
