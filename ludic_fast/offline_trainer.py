@@ -20,7 +20,8 @@ Objectives (`Objective`): how examples are collated and how a micro-batch's loss
 - `DistillObjective(teacher, ...)`: `linear_divergence` on the completion tokens, teacher hidden states
   under no_grad; `on_policy_fraction` λ replaces each example's completion by a sample of the student with
   probability λ (GKD, Agarwal et al., arXiv 2306.13649: the student samples, the teacher scores).
-Layouts padded or packed (`OfflineConfig.layout`; packed runs the model on exact packed-attention inputs);
+Layouts padded or packed (`OfflineConfig.layout`; packed runs the model on exact packed-attention inputs,
+an eager / sdpa model first moved to the implementation that skips masked work, `packing.auto_attention`);
 fp32, or `mixed_precision='bf16'` (the model's forward under autocast, the fused head on bf16 casts of the
 hidden states and head weight, fp32 master weights); models are transformers causal LMs.
 """
@@ -38,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager, restore_rng, rng_tensors
-from ludic_fast.integrations.packing import resolve_packed_attention
+from ludic_fast.integrations.packing import auto_attention, resolve_packed_attention
 from ludic_fast.integrations.transformers import final_hidden_states, lm_head
 from ludic_fast.ops import linear_logprobs
 from ludic_fast.ops.divergence import linear_divergence
@@ -308,6 +309,10 @@ class OfflineTrainer:
         self.step_idx = 0
         self.skipped_steps = 0
         self.checkpointer = None if checkpoint_config is None else CheckpointManager(checkpoint_config)
+        if cfg.layout == "packed":  # as the RL Trainer's packed_attention="auto": skip masked attention work
+            param = next(model.parameters(), None)
+            half = cfg.amp_dtype is not None or (param is not None and param.dtype in (torch.float16, torch.bfloat16))
+            auto_attention(model, cfg.device, half=half, max_seq_len=cfg.max_length)
         if resume_from is not None:
             self.resume(resume_from)
 

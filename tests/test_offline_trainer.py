@@ -81,8 +81,13 @@ def test_reference_sums_are_computed_once_per_pair():
     assert torch.isfinite(loss)
 
 
+@pytest.mark.parametrize("trainer_moves", [False, True], ids=["sdpa-mask", "sdpa-varlen"])
 @pytest.mark.parametrize("kind", ["dpo", "kto", "reward", "distill"])
-def test_packed_layout_gives_the_padded_loss(kind):
+def test_packed_layout_gives_the_padded_loss(kind, trainer_moves):
+    """Packed == padded loss on the dense-mask path, and on per-sequence SDPA where an OfflineTrainer with the
+    packed layout moves the sdpa model (the reference / teacher model, not moved, keeps the mask path)."""
+    from ludic_fast.integrations.packing import attention_implementation
+    from ludic_fast.integrations.sdpa_varlen import SDPA_VARLEN
     from ludic_fast.offline_trainer import DistillObjective, RewardObjective
     from ludic_fast.preference import KTOLoss
 
@@ -95,6 +100,9 @@ def test_packed_layout_gives_the_padded_loss(kind):
                  "kto": lambda: PreferenceObjective(KTOLoss(), other),
                  "reward": lambda: RewardObjective(torch.nn.Linear(128, 1)),
                  "distill": lambda: DistillObjective(other, kind="jsd")}[kind]()
+    if trainer_moves:
+        OfflineTrainer(model, objective, examples, OfflineConfig(layout="packed"))
+    assert attention_implementation(model) == (SDPA_VARLEN if trainer_moves else "sdpa")
     losses = []
     for layout in ("padded", "packed"):
         cfg = OfflineConfig(layout=layout)
