@@ -22,6 +22,7 @@ runs outside `torch.compile` (`torch.compiler.disable`): its split depends on ea
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -36,6 +37,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 SDPA_VARLEN = "ludic_sdpa_varlen"
 
 _UNSUPPORTED = ("softcap", "s_aux")
+#: use_gqa_in_sdpa takes (attention_mask, key) in transformers 5.10 and (attention_mask, key, value) by 5.17
+_GQA_ARITY = len(inspect.signature(use_gqa_in_sdpa).parameters)
 
 
 def sdpa_varlen_attention_forward(
@@ -69,7 +72,7 @@ def _per_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
                          f"tokens, got query {tuple(query.shape)}, key {tuple(key.shape)} (no KV cache)")
     window = kwargs.get("sliding_window")
     groups = getattr(module, "num_key_value_groups", 1)
-    gqa = groups > 1 and window is None and use_gqa_in_sdpa(None, key, value)
+    gqa = groups > 1 and window is None and use_gqa_in_sdpa(*(None, key, value)[:_GQA_ARITY])
     if groups > 1 and not gqa:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     extra = {"enable_gqa": True} if gqa else {}
