@@ -33,9 +33,11 @@ def active() -> bool:
 BOOKKEEPING = ("torch._dynamo", "torch.utils._triton", "torch.optim")
 
 
-def _pretends() -> bool:
-    """False when the caller of the patched function is torch's bookkeeping, else True."""
-    return not sys._getframe(2).f_globals.get("__name__", "").startswith(BOOKKEEPING)
+def _pretends(truthful: tuple = ()) -> bool:
+    """False when the caller of the patched function is torch's bookkeeping or runs one of the `truthful` code
+    objects, else True."""
+    caller = sys._getframe(2)
+    return not (caller.f_globals.get("__name__", "").startswith(BOOKKEEPING) or caller.f_code in truthful)
 
 
 def patch(torch) -> None:
@@ -47,8 +49,12 @@ def patch(torch) -> None:
     def pretend_is_available() -> bool:
         return True if _pretends() else is_available()
 
+    # under PYTORCH_NVML_BASED_CUDA_CHECK=1 (deepspeed sets it on import) torch's own is_available counts devices
+    # through the module's device_count: that count is the truth, so is_available's answer stays the truth
+    real_is_available = (is_available.__code__,)
+
     def pretend_device_count() -> int:
-        return 1 if _pretends() else device_count()
+        return 1 if _pretends(real_is_available) else device_count()
 
     pretend_is_available.pretend_cuda = True
     torch.cuda.is_available, torch.cuda.device_count = pretend_is_available, pretend_device_count
