@@ -37,6 +37,7 @@ import time
 import torch
 
 from ludic_fast.benchmark.worker import RESULT_PREFIX, PeakMemory
+from ludic_fast.curriculum import atomic_write_text
 
 PATHS = ("ours-padded", "ours-packed", "ours-padded+kernels", "ours-packed+kernels", "reference", "trl")
 SHAPES = {
@@ -319,10 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     def save(done: str) -> None:  # after every child: a run stopped midway keeps its rows (--json)
         print(f"[e2e] {done}", file=sys.stderr, flush=True)
         if args.json:
-            tmp = f"{args.json}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"args": {k: v for k, v in vars(args).items() if k != "argv"}, "rows": rows}, f, indent=1)
-            os.replace(tmp, args.json)
+            payload = {"args": {k: v for k, v in vars(args).items() if k != "argv"}, "rows": rows}
+            atomic_write_text(args.json, json.dumps(payload, indent=1))
 
     for path in args.paths.split(","):  # every path's step first, then (--find-max) the largest batches
         row = _child(args, path)

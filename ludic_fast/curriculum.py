@@ -39,12 +39,18 @@ def default_prompt_key(meta: Mapping[str, Any]) -> str:
 
 def atomic_write_json(path: str | os.PathLike[str], data: Any) -> None:
     """Write `data` as JSON to `path` so that readers only ever see the old or the complete new file."""
+    atomic_write_text(path, json.dumps(data, sort_keys=True))
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to `path` so that readers only ever see the old or the complete new file (temp file in
+    the same directory, fsync, rename, fsync of the directory)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, sort_keys=True)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -161,4 +167,4 @@ class NoPositiveResampling:
             atomic_write_json(self.path, self.state_dict())
 
 
-__all__ = ["NoPositiveResampling", "default_prompt_key", "atomic_write_json"]
+__all__ = ["NoPositiveResampling", "default_prompt_key", "atomic_write_json", "atomic_write_text"]

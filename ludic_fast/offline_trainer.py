@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager, restore_rng, rng_tensors
-from ludic_fast.integrations.packing import auto_attention, resolve_packed_attention
+from ludic_fast.integrations.packing import auto_attention, half_precision_compute, resolve_packed_attention
 from ludic_fast.integrations.transformers import final_hidden_states, lm_head
 from ludic_fast.ops import linear_logprobs
 from ludic_fast.ops.divergence import linear_divergence
@@ -310,8 +310,7 @@ class OfflineTrainer:
         self.skipped_steps = 0
         self.checkpointer = None if checkpoint_config is None else CheckpointManager(checkpoint_config)
         if cfg.layout == "packed":  # as the RL Trainer's packed_attention="auto": skip masked attention work
-            param = next(model.parameters(), None)
-            half = cfg.amp_dtype is not None or (param is not None and param.dtype in (torch.float16, torch.bfloat16))
+            half = half_precision_compute(model, cfg.amp_dtype)
             auto_attention(model, cfg.device, half=half, max_seq_len=cfg.max_length)
         if resume_from is not None:
             self.resume(resume_from)

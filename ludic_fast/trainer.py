@@ -60,6 +60,7 @@ from ludic_fast.integrations.packing import (
     PackedAttention,
     auto_attention,
     check_packed_attention,
+    half_precision_compute,
     resolve_packed_attention,
     use_sdpa_varlen,
 )
@@ -360,9 +361,7 @@ class Trainer:
         `packed_attention="auto"` an eager / sdpa model is first moved to flash-attention-2 or flex attention
         (CUDA) or per-sequence SDPA (`auto_attention`); `"sdpa_varlen"` moves it to per-sequence SDPA."""
         if self.cfg.packed_attention == "auto":
-            param = next(model.parameters(), None)
-            dtypes = (torch.float16, torch.bfloat16)
-            half = self.amp_dtype in dtypes or (param is not None and param.dtype in dtypes)
+            half = half_precision_compute(model, self.amp_dtype)
             auto_attention(model, self.device, half=half, max_seq_len=self.cfg.max_seq_len)
         elif self.cfg.packed_attention == "sdpa_varlen":
             use_sdpa_varlen(model)

@@ -30,6 +30,7 @@ from ludic_fast.benchmark.impls import IMPLS
 from ludic_fast.benchmark.report import markdown_report, plot_scaling, summary_table
 from ludic_fast.benchmark.runner import CaseResult, Options, run_suite
 from ludic_fast.benchmark.workloads import WORKLOADS, Shape
+from ludic_fast.curriculum import atomic_write_text
 
 QWEN_D, QWEN_V = 896, 151936  # Qwen2.5-0.5B head
 _CPU_IMPLS = ("ours-fused", "ours-generic", "reference", "liger", "trl", "verl", "gemm-fwd+bwd", "gemm-fwd")
@@ -286,14 +287,10 @@ def device_info(device: str) -> dict[str, str]:
 
 
 def write_tables(results: list[CaseResult], meta: dict[str, str], out: Path) -> None:
-    """results.json and results.md (each written whole to a temporary file, then renamed over the old one)."""
-    out.mkdir(parents=True, exist_ok=True)
+    """results.json and results.md, each replaced atomically (a reader sees the old or the whole new file)."""
     payload = {"meta": meta, "results": [r.to_json() for r in results]}
-    for name, text in (("results.json", json.dumps(payload, indent=1) + "\n"),
-                       ("results.md", markdown_report(results, meta))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(out / name)
+    atomic_write_text(out / "results.json", json.dumps(payload, indent=1) + "\n")
+    atomic_write_text(out / "results.md", markdown_report(results, meta))
 
 
 def write_outputs(results: list[CaseResult], meta: dict[str, str], out: Path) -> None:

@@ -189,6 +189,14 @@ def auto_attention(model: nn.Module, device: torch.device | str, *, half: bool, 
     return None
 
 
+def half_precision_compute(model: nn.Module, amp_dtype: torch.dtype | None) -> bool:
+    """Whether the model computes in bf16 / fp16 (autocast `amp_dtype`, or its weights): `auto_attention`'s
+    `half` (flash-attention runs only in half precision)."""
+    half = (torch.float16, torch.bfloat16)
+    param = next(model.parameters(), None)
+    return amp_dtype in half or (param is not None and param.dtype in half)
+
+
 def _has_softcap_or_sinks(lm: nn.Module) -> bool:
     """Attention logit soft-capping (Gemma 2's `attn_logit_softcapping`) or attention sinks (modules with a
     `sinks` parameter, gpt-oss): keywords `SDPA_VARLEN` refuses, so `auto` leaves such a model on its dense-mask
@@ -329,6 +337,7 @@ __all__ = [
     "attention_implementation",
     "auto_attention",
     "use_sdpa_varlen",
+    "half_precision_compute",
     "document_ids",
     "resolve_packed_attention",
     "check_packed_attention",

@@ -33,7 +33,6 @@ input dtype: 8NDV with 6 bytes per logit element). A sliced vocabulary always ru
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,7 +40,7 @@ import torch
 from torch import Tensor
 
 from ludic_fast.ops.budget import env_chunk_elements
-from ludic_fast.ops.plan import HeadPlan, plan_head
+from ludic_fast.ops.plan import HeadPlan, plan_head, strategy_requested
 from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform
 
 #: objective(lp, H or None, rows or None) -> scalar loss; `rows` selects the chunk (None: all tokens).
@@ -392,7 +391,7 @@ def _head_plan(hidden: Tensor, weight: Tensor, plan: FusedPlan) -> HeadPlan:
     """The cost model's plan (`plan_head`): strategy (triton: env LUDIC_FAST_TRITON_STRATEGY, default auto),
     chunk rows, vocab columns, dW staging rows."""
     mode = "coupled" if plan.coupled and plan.groups is None else "fused_loss"
-    strategy = os.environ.get("LUDIC_FAST_TRITON_STRATEGY", "auto") if plan.backend == "triton" else None
+    strategy = strategy_requested() if plan.backend == "triton" else None
     return plan_head(
         hidden.shape[0], hidden.shape[1], weight.shape[0], dtype=torch.promote_types(hidden.dtype, weight.dtype),
         mode=mode, device=hidden.device, backend=plan.backend, memory_budget=plan.memory_budget,

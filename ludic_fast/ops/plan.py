@@ -191,6 +191,12 @@ KERNELS = KernelCosts()
 
 
 # --------------------------------------------------------------------------------------------------- plan
+def strategy_requested() -> str:
+    """Env LUDIC_FAST_TRITON_STRATEGY (auto|fused|workspace; default auto): the triton strategy of a call that
+    passes none, the head op's and the fused-loss mode's alike."""
+    return os.environ.get("LUDIC_FAST_TRITON_STRATEGY", "auto")
+
+
 @dataclass(frozen=True)
 class HeadPlan:
     """The plan of one head call. `token_rows` x `vocab_cols`: one chunk of the forward (and of every pass of

@@ -35,7 +35,7 @@ from ludic_fast.kernels.head_grad import grad_config, launch_head_grad
 from ludic_fast.kernels.head_merge import launch_head_merge
 from ludic_fast.kernels.head_rows import launch_head_rows
 from ludic_fast.kernels.tma import tma_ready
-from ludic_fast.ops.plan import HeadPlan, plan_head
+from ludic_fast.ops.plan import HeadPlan, plan_head, strategy_requested
 from ludic_fast.ops.torch_head import HeadTransform, addmm_acc_
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -368,7 +368,7 @@ def triton_linear_logprobs(
     grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (h2, weight, bias))
     plan = plan_head(n, h2.shape[1], v, dtype=dtype, mode="generic" if grad else "forward", device=h2.device,
                      memory_budget=memory_budget, chunk_elements=chunk_elements,
-                     strategy=strategy or os.environ.get("LUDIC_FAST_TRITON_STRATEGY", "auto"))
+                     strategy=strategy or strategy_requested())
     fn = FusedHeadFunction if plan.strategy == "fused" else WorkspaceHeadFunction
     cfg = KernelConfig.make(transform, dtype, plan)
     tgt = kernel_targets(targets, ignore_index)
