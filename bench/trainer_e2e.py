@@ -36,8 +36,8 @@ import time
 
 import torch
 
+from ludic_fast.atomic_io import atomic_write_text
 from ludic_fast.benchmark.worker import RESULT_PREFIX, PeakMemory
-from ludic_fast.curriculum import atomic_write_text
 
 PATHS = ("ours-padded", "ours-packed", "ours-padded+kernels", "ours-packed+kernels", "reference", "trl")
 SHAPES = {

@@ -19,6 +19,8 @@ the gradient); JSD three (statistics, the two KL sums, the gradient). Row offset
 import triton
 import triton.language as tl
 
+from ._device import on_device_of
+
 BLOCK_V, NUM_WARPS = 2048, 8
 
 
@@ -149,9 +151,10 @@ def launch_divergence_rows(s, t, bs, bt, tgt, w, loss, inv_t: float, beta: float
     n, c = s.shape
     if n == 0:
         return
-    divergence_rows_kernel[(n,)](
-        s, t, s if bs is None else bs, t if bt is None else bt, tgt, w, loss,
-        c, s.stride(0), t.stride(0), float(inv_t), float(beta), float(hard),
-        KIND=kind, HAS_BS=bs is not None, HAS_BT=bt is not None, HARD=hard > 0.0, GRAD=grad,
-        BLOCK_V=BLOCK_V, num_warps=NUM_WARPS,
-    )
+    with on_device_of(s):
+        divergence_rows_kernel[(n,)](
+            s, t, s if bs is None else bs, t if bt is None else bt, tgt, w, loss,
+            c, s.stride(0), t.stride(0), float(inv_t), float(beta), float(hard),
+            KIND=kind, HAS_BS=bs is not None, HAS_BT=bt is not None, HARD=hard > 0.0, GRAD=grad,
+            BLOCK_V=BLOCK_V, num_warps=NUM_WARPS,
+        )

@@ -13,6 +13,7 @@ written as partials `part[q, split, row]` (q = m, s, t, z_y) that `head_merge` c
 import triton
 import triton.language as tl
 
+from ._device import on_device_of
 from ._logit_math import final_logits, online_stats_update
 from .tma import descriptor
 
@@ -145,10 +146,11 @@ def launch_head_fwd(h, w, b, tgt, inv_t, part, blocks_per_split, *, scale, softc
     V = w.shape[0]
     splits = part.shape[1]
     grid = (triton.cdiv(N, config["BLOCK_M"]), splits)
-    head_fwd_kernel[grid](
-        *dot_operands(h, w, config), b if b is not None else inv_t, tgt, inv_t, part,
-        N, V, D, h.stride(0), h.stride(1), w.stride(0), w.stride(1), blocks_per_split,
-        HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
-        SOFTCAP=1.0 if softcap is None else softcap, ENTROPY=entropy, UPCAST=upcast, PRECISION=precision,
-        **{**POINTER_LOADS, **config},
-    )
+    with on_device_of(h):
+        head_fwd_kernel[grid](
+            *dot_operands(h, w, config), b if b is not None else inv_t, tgt, inv_t, part,
+            N, V, D, h.stride(0), h.stride(1), w.stride(0), w.stride(1), blocks_per_split,
+            HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
+            SOFTCAP=1.0 if softcap is None else softcap, ENTROPY=entropy, UPCAST=upcast, PRECISION=precision,
+            **{**POINTER_LOADS, **config},
+        )

@@ -14,6 +14,7 @@ and tiles past the block get d(raw) = 0 (stored only inside the block). Offsets 
 import triton
 import triton.language as tl
 
+from ._device import on_device_of
 from ._logit_math import final_logits, logit_grad, raw_grad
 from .head_fwd import dot_operands, dot_tile
 
@@ -118,10 +119,11 @@ def launch_head_grad(h, w, b, tgt, inv_t, lse, ez, g_lp, g_h, d, *, col_start, s
         grid = (min(programs, tiles[0] * tiles[1]),)
     else:
         grid = tiles
-    head_grad_kernel[grid](
-        *dot_operands(h, w, config), b if b is not None else lse, tgt, inv_t, lse, ez, g_lp,
-        g_h if g_h is not None else g_lp, d, n, c, D, col_start, h.stride(0), h.stride(1), w.stride(0), w.stride(1),
-        d.stride(0), HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
-        SOFTCAP=1.0 if softcap is None else softcap, HAS_GH=g_h is not None, UPCAST=upcast, PRECISION=precision,
-        **{**POINTER_LOADS, **config},
-    )
+    with on_device_of(d):
+        head_grad_kernel[grid](
+            *dot_operands(h, w, config), b if b is not None else lse, tgt, inv_t, lse, ez, g_lp,
+            g_h if g_h is not None else g_lp, d, n, c, D, col_start, h.stride(0), h.stride(1), w.stride(0), w.stride(1),
+            d.stride(0), HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
+            SOFTCAP=1.0 if softcap is None else softcap, HAS_GH=g_h is not None, UPCAST=upcast, PRECISION=precision,
+            **{**POINTER_LOADS, **config},
+        )

@@ -7,6 +7,8 @@
 import triton
 import triton.language as tl
 
+from ._device import on_device_of
+
 BLOCK, NUM_WARPS = 256, 4
 
 
@@ -46,6 +48,7 @@ def head_merge_kernel(part_ptr, tgt_ptr, lse_ptr, ez_ptr, lp_ptr, ent_ptr, N, n_
 def launch_head_merge(part, tgt, lse, ez, lp, ent, *, entropy, block=BLOCK, num_warps=NUM_WARPS):
     """part fp32 [4, splits, N] -> lse, E_p z, logprob, entropy (fp32 [N] each, written)."""
     N = part.shape[2]
-    head_merge_kernel[(triton.cdiv(N, block),)](
-        part, tgt, lse, ez, lp, ent, N, part.shape[1], ENTROPY=entropy, BLOCK=block, num_warps=num_warps
-    )
+    with on_device_of(part):
+        head_merge_kernel[(triton.cdiv(N, block),)](
+            part, tgt, lse, ez, lp, ent, N, part.shape[1], ENTROPY=entropy, BLOCK=block, num_warps=num_warps
+        )

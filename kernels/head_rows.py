@@ -21,6 +21,7 @@ Vocab columns past c are -inf for the statistics and 0 for the entropy sum. Targ
 import triton
 import triton.language as tl
 
+from ._device import on_device_of
 from ._logit_math import final_logits, logit_grad, online_stats_update, raw_grad
 
 ROWS, BLOCK_V, NUM_WARPS = 1, 4096, 8
@@ -99,12 +100,13 @@ def launch_head_rows(ws, b, tgt, inv_t, lse, ez, zy, g_lp, g_h, *, col_start, sc
     grad = g_lp is not None
     d = ws if d is None else d
     dummy = inv_t
-    head_rows_kernel[(triton.cdiv(n, rows),)](
-        ws, d, b if b is not None else dummy, tgt, inv_t, lse, ez, zy if zy is not None else dummy,
-        g_lp if grad else dummy, g_h if g_h is not None else dummy,
-        n, c, col_start, ws.stride(0), d.stride(0),
-        HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
-        SOFTCAP=1.0 if softcap is None else softcap, ENTROPY=entropy, STATS=stats, GRAD=grad,
-        HAS_GH=g_h is not None, NARROW=grad and d is not ws and d.element_size() < ws.element_size(),
-        ROWS=rows, BLOCK_V=block_v, num_warps=num_warps,
-    )
+    with on_device_of(ws):
+        head_rows_kernel[(triton.cdiv(n, rows),)](
+            ws, d, b if b is not None else dummy, tgt, inv_t, lse, ez, zy if zy is not None else dummy,
+            g_lp if grad else dummy, g_h if g_h is not None else dummy,
+            n, c, col_start, ws.stride(0), d.stride(0),
+            HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
+            SOFTCAP=1.0 if softcap is None else softcap, ENTROPY=entropy, STATS=stats, GRAD=grad,
+            HAS_GH=g_h is not None, NARROW=grad and d is not ws and d.element_size() < ws.element_size(),
+            ROWS=rows, BLOCK_V=block_v, num_warps=num_warps,
+        )

@@ -6,22 +6,21 @@ prompt's pass rate reaches `threshold` (0.9) with at least `min_attempts` attemp
 good: `active()` leaves it out of later epochs' prompt lists. (It stays in the epoch being run: the
 caller decides when an epoch starts by calling `active()` again.)
 
-The history is JSON, written atomically after every update when `path` is set: temp file in the same
-directory, fsync, `os.replace`, fsync of the directory. A crash at any point leaves either the old or the
-new file, never a partial one; a new instance with the same path restores it (resume). `state_dict()` /
-`load_state_dict()` give the same JSON-compatible state for checkpoints.
+The history is JSON, written atomically (`ludic_fast.atomic_io`) after every update when `path` is set:
+a crash at any point leaves either the old or the new file, never a partial one; a new instance with the
+same path restores it (resume). `state_dict()` / `load_state_dict()` give the same JSON-compatible state
+for checkpoints.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ludic_fast.atomic_io import atomic_write_json
 from ludic_fast.types import SAWBatch
 
 _VERSION = 1
@@ -35,34 +34,6 @@ def default_prompt_key(meta: Mapping[str, Any]) -> str:
     if isinstance(request_meta, Mapping) and request_meta.get("prompt_id") is not None:
         return str(request_meta["prompt_id"])
     raise ValueError("NoPositiveResampling needs a prompt_id in meta (or meta['request_meta']) to key its history")
-
-
-def atomic_write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """Write `data` as JSON to `path` so that readers only ever see the old or the complete new file."""
-    atomic_write_text(path, json.dumps(data, sort_keys=True))
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` to `path` so that readers only ever see the old or the complete new file (temp file in
-    the same directory, fsync, rename, fsync of the directory)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class NoPositiveResampling:
@@ -167,4 +138,4 @@ class NoPositiveResampling:
             atomic_write_json(self.path, self.state_dict())
 
 
-__all__ = ["NoPositiveResampling", "default_prompt_key", "atomic_write_json", "atomic_write_text"]
+__all__ = ["NoPositiveResampling", "default_prompt_key"]

@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from ludic_fast.curriculum import NoPositiveResampling, atomic_write_json
+from ludic_fast.atomic_io import atomic_write_json
+from ludic_fast.curriculum import NoPositiveResampling
 from ludic_fast.types import SAWBatch, SAWItem
 
 

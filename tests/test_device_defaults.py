@@ -162,3 +162,16 @@ def test_pretend_mode_reaches_child_processes_and_respects_hidden_devices():
 
     assert child() == ["True", "1", "False"]
     assert child(CUDA_VISIBLE_DEVICES="") == ["False", "0", "False"]
+
+
+def test_kernel_launches_enter_the_inputs_device():
+    """Triton launches on the current CUDA device, so every launcher enters its tensors' device: cuda:1 inputs
+    get the cuda:1 context (built without touching CUDA), CPU inputs (the interpreter) none."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from ludic_fast.kernels._device import on_device_of
+
+    guard = on_device_of(SimpleNamespace(device=torch.device("cuda", 1)))
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 1
+    assert isinstance(on_device_of(torch.zeros(1)), contextlib.nullcontext)

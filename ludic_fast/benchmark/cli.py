@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
+from ludic_fast.atomic_io import atomic_write_text
 from ludic_fast.benchmark.impls import IMPLS
 from ludic_fast.benchmark.report import markdown_report, plot_scaling, summary_table
 from ludic_fast.benchmark.runner import CaseResult, Options, run_suite
 from ludic_fast.benchmark.workloads import WORKLOADS, Shape
-from ludic_fast.curriculum import atomic_write_text
 
 QWEN_D, QWEN_V = 896, 151936  # Qwen2.5-0.5B head
 _CPU_IMPLS = ("ours-fused", "ours-generic", "reference", "liger", "trl", "verl", "gemm-fwd+bwd", "gemm-fwd")

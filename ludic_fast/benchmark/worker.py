@@ -17,6 +17,7 @@ gradients also relative to max |reference|.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import statistics
@@ -140,7 +141,14 @@ def check_errors(impl_name: str, workload: Workload, inp: Inputs, check_tokens: 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Time, peak memory and errors of one case. `spec`: impl, workload, shape (Shape fields), device,
-    threads, repeats, warmup, check_tokens (0: skip the error check), seed."""
+    threads, repeats, warmup, check_tokens (0: skip the error check), seed. On CUDA the case runs with its
+    device current, so the memory statistics, the CUDA events and every peer's launches are that device's."""
+    device = torch.device(spec.get("device", "cpu"))
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        return _measure(spec)
+
+
+def _measure(spec: dict[str, Any]) -> dict[str, Any]:
     impl = get_impl(spec["impl"])
     workload = get_workload(spec["workload"])
     shape = Shape(**spec["shape"])

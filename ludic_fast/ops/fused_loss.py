@@ -201,10 +201,10 @@ class _TritonDotRows:
         self.inv_t = plan.transform.inv_temperature[rows].to(torch.float32).contiguous()
 
     def stats(self) -> tuple[Tensor, Tensor, Tensor]:
-        from ludic_fast.ops.triton_head import FusedHeadFunction
+        from ludic_fast.ops.triton_head import fused_stats
 
-        lse, ez, lp, _ = FusedHeadFunction._stats(self.h_c, self.w, self.head.bias, self.tgt, self.inv_t, self.cfg,
-                                                  self.plan.with_entropy)
+        lse, ez, lp, _ = fused_stats(self.h_c, self.w, self.head.bias, self.tgt, self.inv_t, self.cfg,
+                                     self.plan.with_entropy)
         return lse, ez, lp + lse  # z_y (lp is 0 on ignored rows, which the caller masks)
 
     def backward_(self, lse, ez, g_lp, g_H, dh, dW, db) -> None:

@@ -297,27 +297,30 @@ def _block_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg, tl_dot: boo
     return dh, dw, db
 
 
+def fused_stats(h, w, b, tgt, inv_t, cfg: KernelConfig, with_entropy: bool) -> list[Tensor]:
+    """(lse, E_p z, logprob, entropy), fp32 [N], of rows `h` against the whole weight `w` by the tl.dot
+    forward kernel (token tile x vocabulary split) and the merge of the splits; no logits in memory."""
+    n, v = h.shape[0], w.shape[0]
+    f32 = {"device": h.device, "dtype": torch.float32}
+    out = [torch.zeros(n, **f32) for _ in range(4)]
+    if n == 0:
+        return out
+    arch, programs = _device_arch_and_programs(h.device)
+    config = launch_config(h.element_size(), arch, n, tma=cfg.tma and tma_ready(h, w))
+    splits, per_split = fused_splits(n, v, config, programs)
+    part = torch.empty(4, splits, n, **f32)
+    launch_head_fwd(h, w, b, tgt, inv_t, part, per_split, scale=cfg.scale, softcap=cfg.softcap,
+                    entropy=with_entropy, upcast=cfg.upcast, precision=cfg.precision, config=config)
+    launch_head_merge(part, tgt, *out, entropy=with_entropy)
+    return out
+
+
 class FusedHeadFunction(_HeadFunctionBase):
-    """Fused strategy: forward (token tile x vocab split) tl.dot + merge, no logits workspace; backward blocks
-    from the tl.dot gradient kernel."""
+    """Fused strategy: forward by `fused_stats`, no logits workspace; backward blocks from the tl.dot gradient
+    kernel."""
 
     _TL_DOT_GRAD = True
-
-    @staticmethod
-    def _stats(h, w, b, tgt, inv_t, cfg, with_entropy):
-        n, v = h.shape[0], w.shape[0]
-        f32 = {"device": h.device, "dtype": torch.float32}
-        out = [torch.zeros(n, **f32) for _ in range(4)]
-        if n == 0:
-            return out
-        arch, programs = _device_arch_and_programs(h.device)
-        config = launch_config(h.element_size(), arch, n, tma=cfg.tma and tma_ready(h, w))
-        splits, per_split = fused_splits(n, v, config, programs)
-        part = torch.empty(4, splits, n, **f32)
-        launch_head_fwd(h, w, b, tgt, inv_t, part, per_split, scale=cfg.scale, softcap=cfg.softcap,
-                        entropy=with_entropy, upcast=cfg.upcast, precision=cfg.precision, config=config)
-        launch_head_merge(part, tgt, *out, entropy=with_entropy)
-        return out
+    _stats = staticmethod(fused_stats)
 
 
 class WorkspaceHeadFunction(_HeadFunctionBase):

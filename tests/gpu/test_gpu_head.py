@@ -162,3 +162,18 @@ def test_auto_backend_is_triton_on_cuda(device, monkeypatch):
     hidden, weight, _, targets, _, _, _ = make_inputs(Case(8, 1021, 64), device)
     linear_logprobs(hidden, weight, targets)
     assert len(calls) == (1 if device == "cuda" else 0)
+
+
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA devices: torch.cuda.device_count() < 2 on this machine")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_inputs_on_a_device_that_is_not_current(strategy, monkeypatch):
+    """Triton launches on the current device: with cuda:0 current and every input on the last device, the
+    kernels must still run there (the launchers enter the inputs' device) and match the reference."""
+    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", strategy)
+    other = f"cuda:{torch.cuda.device_count() - 1}"
+    with torch.cuda.device(0):
+        check_against_reference(Case(300, 50257, 72, "bf16", bias=True), other)
