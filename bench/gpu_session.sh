@@ -9,10 +9,14 @@
 #   bash bench/gpu_session.sh suite         # THERE: the whole unit suite with CUDA visible
 #   bash bench/gpu_session.sh e2e           # THERE: make bench-e2e-gpu (the trainer end to end)
 #
-# Several stages may follow one another in one call (`test bench-small`). Every stage on the GPU machine first
-# installs the carried wheels (from $WHEELS, default .whl) into /tmp/site and the project with --no-deps,
-# so the machine's torch and triton are used as they are. Logs and results go to bench/results/gpu/ and are
-# copied flat into $OUT (at most 8 files come back). DRY_RUN=1 prints the commands instead of running them.
+# Several stages may share one call (`e2e bench-small`): together they get CALL_SECONDS (560, a device call's
+# 600 s minus collection) from the script's start; each stage stops when that time is up, keeping its logs and
+# the tables saved so far, and a stage that would get under 30 s is skipped. A device lease is 30 minutes with
+# the machine's start: in priority order, `test`, `bench-large`, `e2e bench-small`, then `suite` if time is left.
+# Every stage on the GPU machine first installs the carried wheels (from $WHEELS, default .whl) into /tmp/site
+# and the project with --no-deps, so the machine's torch and triton are used as they are. Logs and results go
+# to bench/results/gpu/ and are copied flat into $OUT (at most 8 files come back). DRY_RUN=1 prints the
+# commands instead of running them.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -21,10 +25,10 @@ WHEELS=${WHEELS:-.whl}
 SITE=${SITE:-/tmp/site}
 RESULTS=bench/results/gpu
 OUT=${OUT:-$RESULTS/out}
-# every stage's command stops after this many seconds (the device call's 600 s minus set-up and collection),
-# so its logs and the tables the bench saves after each case still come back
-STAGE_SECONDS=${STAGE_SECONDS:-540}
-limit=(timeout --kill-after=10 "$STAGE_SECONDS")
+# all the stages of one call stop within this many seconds of its start (the device call's 600 s minus
+# collection), so their logs and the tables the bench saves after each case still come back
+CALL_SECONDS=${CALL_SECONDS:-560}
+MIN_STAGE_SECONDS=30
 # the peers and the packages they need that the GPU image lacks (versions as exercised on CPU)
 PEER_WHEELS=(liger-kernel==0.8.5 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
              cut-cross-entropy==25.1.1)
@@ -88,6 +92,16 @@ setup() {
     fi
 }
 
+limit=()
+set_limit() {  # limit=(timeout ... SECONDS-LEFT-IN-THIS-CALL); status 1 when under MIN_STAGE_SECONDS are left
+    local left=$((CALL_SECONDS - SECONDS))
+    if ((left < MIN_STAGE_SECONDS)); then
+        echo "stage '$1' skipped: ${left}s of the call's ${CALL_SECONDS}s left" >&2
+        return 1
+    fi
+    limit=(timeout --kill-after=10 "$left")
+}
+
 bench() {  # bench NAME SHAPES
     local rc=0
     logged "bench-$1" "${limit[@]}" "$PY" -m ludic_fast.cli bench --preset gpu --shapes "$2" --out "$RESULTS/$1" || rc=$?
@@ -102,6 +116,7 @@ bench() {  # bench NAME SHAPES
 }
 
 stage() {
+    set_limit "$1" || return 0
     case $1 in
         test)
             local rc=0
@@ -135,7 +150,7 @@ stage() {
 }
 
 if [[ $# -eq 0 ]]; then
-    sed -n '2,16p' "$0"
+    awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"  # this header
     exit 2
 fi
 if [[ $1 == wheels ]]; then
