@@ -5,6 +5,9 @@
 
 Backends (same numbers): "torch" (chunked PyTorch, any device) and "triton" (CUDA; under
 TRITON_INTERPRET=1 also CPU tensors). "auto" picks triton for CUDA tensors and torch otherwise.
+Under `torch.compile` the torch backend is traced like any PyTorch code; a triton call (the head op, a fused
+loss, a divergence) runs outside the graph (`torch.compiler.disable`: one graph break), since dynamo cannot
+trace the kernels' launch path (the interpreter's, or TMA descriptors and device contexts on CUDA).
 """
 
 from __future__ import annotations

@@ -300,9 +300,12 @@ def linear_divergence(
     spec = _Spec(kind, float(beta), 1.0 / float(temperature), float(hard_weight), max(1, budget // (16 * V)),
                  resolve_backend(backend, h_student.device))
     bt = None if b_teacher is None else b_teacher.detach()
-    out = LinearDivergenceFunction.apply(hs, W_student, b_student, ht, W_teacher.detach(), bt, tgt, valid, spec,
-                                         reduction)
+    apply = _apply_outside_compile if spec.backend == "triton" else LinearDivergenceFunction.apply  # ludic_fast.ops
+    out = apply(hs, W_student, b_student, ht, W_teacher.detach(), bt, tgt, valid, spec, reduction)
     return out.reshape(lead) if reduction == "none" else out
+
+
+_apply_outside_compile = torch.compiler.disable(LinearDivergenceFunction.apply)
 
 
 __all__ = ["linear_divergence", "LinearDivergenceFunction", "KINDS"]

@@ -446,7 +446,11 @@ def fused_head_loss(
     weight and bias at 6NDV (token-local) or 8NDV (coupled) matmul FLOPs; lp and H are detached."""
     if hidden.ndim != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"hidden must be [n, D] and targets [n]; got {tuple(hidden.shape)}, {tuple(targets.shape)}")
-    return FusedLossFunction.apply(hidden, weight, bias, targets, plan)
+    apply = _apply_outside_compile if plan.backend == "triton" else FusedLossFunction.apply  # see ludic_fast.ops
+    return apply(hidden, weight, bias, targets, plan)
+
+
+_apply_outside_compile = torch.compiler.disable(FusedLossFunction.apply)
 
 
 __all__ = ["FusedPlan", "FusedLossFunction", "fused_head_loss"]

@@ -345,6 +345,7 @@ class WorkspaceHeadFunction(_HeadFunctionBase):
         return lse, ez, torch.where(valid, zy - lse, zero), ent
 
 
+@torch.compiler.disable  # outside torch.compile: see ludic_fast.ops
 def triton_linear_logprobs(
     h2: Tensor,
     weight: Tensor,
