@@ -6,11 +6,15 @@ error whichever implementation the caller picked.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+import inspect
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
 
+_F = TypeVar("_F", bound=Callable)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -103,3 +107,33 @@ def per_token_temperature(temperature: float | Tensor, n_tokens: int, device: to
         flat = temperature.to(device=device, dtype=torch.float64).reshape(-1)
         return flat.expand(n_tokens) if flat.numel() == 1 else flat
     return torch.full((n_tokens,), float(temperature), device=device, dtype=torch.float64)
+
+
+def autocast_as_matmul(*operands: str) -> Callable[[_F], _F]:
+    """Decorate a head entry point whose first argument is the hidden tensor. Inside `torch.autocast` for that
+    tensor's device type, the named operands that are float32 are cast (differentiably) to the autocast dtype,
+    as autocast casts the inputs of a matmul, and the call runs with autocast off: every backend then computes
+    from the same low-precision operands with fp32 statistics, as when called with those operands outside
+    autocast. Outside autocast the call is unchanged."""
+
+    def decorate(fn: _F) -> _F:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            first = args[0] if args else kwargs.get(operands[0])
+            if not isinstance(first, Tensor) or not torch.is_autocast_enabled(first.device.type):
+                return fn(*args, **kwargs)
+            device_type = first.device.type
+            dtype = torch.get_autocast_dtype(device_type)
+            bound = signature.bind(*args, **kwargs)
+            for name in operands:
+                value = bound.arguments.get(name)
+                if isinstance(value, Tensor) and value.dtype == torch.float32:
+                    bound.arguments[name] = value.to(dtype)
+            with torch.autocast(device_type, enabled=False):
+                return fn(*bound.args, **bound.kwargs)
+
+        return call  # type: ignore[return-value]
+
+    return decorate

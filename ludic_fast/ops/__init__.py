@@ -5,6 +5,9 @@
 
 Backends (same numbers): "torch" (chunked PyTorch, any device) and "triton" (CUDA; under
 TRITON_INTERPRET=1 also CPU tensors). "auto" picks triton for CUDA tensors and torch otherwise.
+Inside `torch.autocast`, the fp32 hidden states, weight and bias are cast to the autocast dtype first (as
+autocast casts a matmul's inputs) and the head runs with autocast off, so both backends compute the same
+numbers: those of the cast operands, with fp32 logits and statistics.
 Under `torch.compile` the torch backend is traced like any PyTorch code; a triton call (the head op, a fused
 loss, a divergence) runs outside the graph (`torch.compiler.disable`: one graph break), since dynamo cannot
 trace the kernels' launch path (the interpreter's, or TMA descriptors and device contexts on CUDA).
@@ -17,7 +20,7 @@ import os
 import torch
 from torch import Tensor
 
-from ludic_fast._common import HeadOutput, validate_head_inputs
+from ludic_fast._common import HeadOutput, autocast_as_matmul, validate_head_inputs
 from ludic_fast.ops.divergence import linear_divergence
 from ludic_fast.ops.torch_head import HeadTransform, LinearLogprobsFunction, torch_blocks
 
@@ -38,6 +41,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+@autocast_as_matmul("hidden", "weight", "bias")
 def linear_logprobs(
     hidden: Tensor,
     weight: Tensor,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ludic_fast._common import autocast_as_matmul
 from ludic_fast.ops.budget import default_chunk_elements, parse_memory_budget
 from ludic_fast.ops.torch_head import addmm_acc_, gemm_f32
 
@@ -233,6 +234,7 @@ def _check_head(name: str, h: Tensor, W: Tensor, b: Tensor | None) -> None:
         raise ValueError(f"b_{name} must have shape [{W.shape[0]}], got {tuple(b.shape)}")
 
 
+@autocast_as_matmul("h_student", "W_student", "h_teacher", "W_teacher", "b_student", "b_teacher")  # ludic_fast.ops
 def linear_divergence(
     h_student: Tensor,
     W_student: Tensor,

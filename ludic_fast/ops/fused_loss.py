@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ludic_fast._common import autocast_as_matmul
 from ludic_fast.ops.budget import env_chunk_elements
 from ludic_fast.ops.plan import HeadPlan, plan_head, strategy_requested
 from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform
@@ -439,6 +440,7 @@ def _value(objective: Objective, lp: Tensor, H: Tensor | None) -> Tensor:
         return objective(lp, H, None).detach()
 
 
+@autocast_as_matmul("hidden", "weight", "bias")  # see ludic_fast.ops
 def fused_head_loss(
     hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, plan: FusedPlan
 ) -> tuple[Tensor, Tensor, Tensor | None]:
