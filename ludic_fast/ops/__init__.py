@@ -6,8 +6,8 @@
 Backends (same numbers): "torch" (chunked PyTorch, any device) and "triton" (CUDA; under
 TRITON_INTERPRET=1 also CPU tensors). "auto" picks triton for CUDA tensors and torch otherwise.
 Inside `torch.autocast`, the fp32 hidden states, weight and bias are cast to the autocast dtype first (as
-autocast casts a matmul's inputs) and the head runs with autocast off, so both backends compute the same
-numbers: those of the cast operands, with fp32 logits and statistics.
+autocast casts a matmul's inputs) and the head runs with autocast off: each backend computes exactly what it
+computes for inputs of that dtype (on CUDA both keep fp32 logits and statistics: the same numbers).
 Under `torch.compile` the torch backend is traced like any PyTorch code; a triton call (the head op, a fused
 loss, a divergence) runs outside the graph (`torch.compiler.disable`: one graph break), since dynamo cannot
 trace the kernels' launch path (the interpreter's, or TMA descriptors and device contexts on CUDA).
