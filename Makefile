@@ -74,7 +74,7 @@ test-gpu:
 	  'make test-gpu needs a CUDA GPU: torch ' + torch.__version__ + ' sees none')"
 	$(GPU_PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(GPU_PY) tools/gpu_requirements.py | xargs -r $(GPU_PY) -m pip install -q
-	$(GPU_PY) -m pytest -q -rs --durations=15 -m "gpu or interpret" tests/gpu tests/interpret tests/test_losses_triton.py
+	$(GPU_PY) -m pytest -q -rs --durations=15 -m "gpu or interpret" tests/gpu tests/interpret tests/test_losses_triton.py tests/test_autocast.py
 	$(GPU_PY) -m ludic_fast.cli bench --preset gpu-key
 
 # the trainer end to end on a GPU: the Qwen2.5-0.5B-shaped Llama (bf16), ours padded / packed, with and without

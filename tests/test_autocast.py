@@ -62,9 +62,14 @@ CASES = {"head": head_op("torch"), "cispo-fused": cispo("torch", True), "cispo-g
          "jsd": jsd("torch")}
 
 
+CUDA = (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: none on this machine"))
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", marks=CUDA, id="cuda")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_autocast_casts_the_operands(name):
-    check_autocast_equals_cast_operands(CASES[name], "cpu")
+def test_autocast_casts_the_operands(name, device):
+    check_autocast_equals_cast_operands(CASES[name], device)
 
 
 def test_fp64_operands_are_not_cast():
