@@ -8,44 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _head_calls import batch_and_leaves, calls, head_op
 from test_losses_common import make_batch
-
-from ludic_fast import linear_divergence
-from ludic_fast.losses import CISPOLoss
-from ludic_fast.ops import linear_logprobs
-
-
-def head_op(backend):
-    def run(h, w, b, batch, cast=None):
-        targets = batch["input_ids"][:, 1:].reshape(-1)
-        out = linear_logprobs(h[:, :-1].reshape(-1, h.shape[-1]), w, targets, bias=b, backend=backend)
-        return out.logprobs.sum() + 0.5 * out.entropy.sum()
-
-    return run
-
-
-def cispo(backend, fused):
-    def run(h, w, b, batch, cast=None):
-        return CISPOLoss(clip_eps_high=0.2)(batch, hidden=h, weight=w, bias=b, backend=backend, fused=fused)[0]
-
-    return run
-
-
-def jsd(backend):
-    def run(h, w, b, batch, cast=None):
-        """`cast`: the teacher's operands in that dtype (autocast casts them too)."""
-        g = torch.Generator().manual_seed(3)
-        h_t = torch.randn(*h.shape[:-1], 8, generator=g).to(h.device, cast)
-        w_t = torch.randn(w.shape[0], 8, generator=g).to(h.device, cast)
-        return linear_divergence(h, w, h_t, w_t, kind="jsd", b_student=b, backend=backend)
-
-    return run
 
 
 def check_autocast_equals_cast_operands(fn, device: str, dtype=torch.bfloat16) -> None:
-    batch, h, w, b = make_batch(0)
-    batch = {k: v.to(device) for k, v in batch.items()}
-    leaves = [x.detach().to(device).requires_grad_(True) for x in (h, w, b)]
+    batch, leaves = batch_and_leaves(device)
     with torch.autocast(device, dtype=dtype):
         got = fn(*leaves, batch)
     got_grads = torch.autograd.grad(got, leaves)
@@ -58,8 +26,7 @@ def check_autocast_equals_cast_operands(fn, device: str, dtype=torch.bfloat16) -
     assert not torch.equal(full, got)
 
 
-CASES = {"head": head_op("torch"), "cispo-fused": cispo("torch", True), "cispo-generic": cispo("torch", False),
-         "jsd": jsd("torch")}
+CASES = calls("torch")
 
 
 CUDA = (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: none on this machine"))

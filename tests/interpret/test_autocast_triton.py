@@ -5,13 +5,13 @@ operands cast to the autocast dtype; under the interpreter on CPU, and on CUDA i
 from __future__ import annotations
 
 import pytest
+from _head_calls import calls
 from _interp import DEVICE, MARKS
-from test_autocast import check_autocast_equals_cast_operands, cispo, head_op, jsd
+from test_autocast import check_autocast_equals_cast_operands
 
 pytestmark = MARKS
 
-CASES = {"head": head_op("triton"), "cispo-fused": cispo("triton", True), "cispo-generic": cispo("triton", False),
-         "jsd": jsd("triton")}
+CASES = calls("triton")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
