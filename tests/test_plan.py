@@ -160,6 +160,8 @@ def test_default_budget_on_gpus():
     n, d, v = ANCHOR
     assert P.default_memory_budget(P.H100, "fused_loss", n, d, v) == 4 * (n + v) * d + P.GiB
     assert P.default_memory_budget(P.H100, "generic", n, d, v) == 4 * n * d + P.GiB
+    # the torch backend's generic mode accumulates fp32 dh and dW over its blocks: both count as accumulators
+    assert P.default_memory_budget(P.H100, "generic", n, d, v, backend="torch") == 4 * (n + v) * d + P.GiB
     small = P.replace(P.H100, memory_bytes=24 * 10**9)
     assert P.default_memory_budget(small, "forward", n, d, v) == 24 * 10**9 // 64
     plan = P.plan_head(*ANCHOR, mode="fused_loss", device="h100")
@@ -291,3 +293,41 @@ def test_auto_weighs_both_strategies_in_fused_loss_mode():
                 assert auto.fits and auto.predicted_s == min(p.predicted_s for p in fitting)
     assert P.plan_head(6144, 4096, 151936, mode="fused_loss", device="h100", kernels=P.KERNELS).strategy == "workspace"
     assert _plan((6144, 896, 151936), mode="fused_loss", strategy="fused").strategy == "workspace"
+
+
+@pytest.mark.parametrize("shape", [ANCHOR, QWEN, LLAMA, (64, 4096, 151936), (512, 4096, 151936)])
+def test_torch_backend_keeps_whole_vocabulary_rows_on_gpus(shape):
+    """The torch backend's generic mode on a GPU at the default budget: chunks of whole vocabulary rows (a
+    multiple of 128 rows, or all of them), fitting. Before its fp32 dW counted as an accumulator, the 1 GiB
+    allowance minus dh and dW was negative and the plan fell to 128 x 128 blocks: 23 s predicted per call at the
+    anchor, 78 s at the 8B shape."""
+    n, d, v = shape
+    plan = P.plan_head(n, d, v, mode="generic", device="h100", backend="torch")
+    assert plan.fits and plan.vocab_cols == v
+    assert plan.token_rows == n or plan.token_rows % 128 == 0
+    assert plan.token_rows >= min(n, 512)
+    assert plan.predicted_s < 1.0
+
+
+def test_the_tl_dot_strategy_is_charged_its_unmeasured_risk():
+    """This release's tl.dot strategy never ran on a GPU: its prediction carries `fused_risk` (a 25% term named
+    'unmeasured'), so at D=896 and at N=64, where it was predicted 4-10% faster than the measured cuBLAS
+    workspace, auto keeps the workspace; the measured kernels carry no such term."""
+    for shape, mode in ((QWEN, "generic"), (QWEN, "forward"), ((64, 4096, 151936), "generic"),
+                        ((2048, 896, 151936), "forward")):
+        fused = P.plan_head(*shape, mode=mode, device="h100", strategy="fused")
+        terms = dict(fused.terms)
+        assert terms["unmeasured"] == pytest.approx(0.25 * (fused.predicted_s - terms["unmeasured"]))
+        assert P.plan_head(*shape, mode=mode, device="h100").strategy == "workspace"
+    assert "unmeasured" not in dict(_plan(QWEN, mode="generic", strategy="fused").terms)
+
+
+def test_the_staging_case_plans_differ_on_the_cpu_and_cuda_presets():
+    """The dW-staging case of tests/interpret/test_fused_loss_kernels.py (bf16, N=40, D=40, V=1021, 150000
+    bytes, workspace strategy): the CPU preset (no alignment) takes 14-row chunks staging all 40 rows; on a GPU
+    (128-aligned chunks) nothing fits and the least-memory plan is one 40-row chunk. That interpreter test pins
+    the CPU preset (LUDIC_FAST_DEVICE_MODEL=cpu) so it asserts the same plan on CUDA."""
+    kw = {"dtype": torch.bfloat16, "mode": "fused_loss", "memory_budget": 150_000, "strategy": "workspace"}
+    cpu, gpu = (P.plan_head(40, 40, 1021, device=dev, **kw) for dev in ("cpu", "h100"))
+    assert (cpu.token_rows, cpu.stage_rows, cpu.fits) == (14, 40, True)
+    assert (gpu.token_rows, gpu.stage_rows, gpu.fits) == (40, None, False)

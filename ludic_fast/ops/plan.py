@@ -124,19 +124,23 @@ def _cuda_model(index: int) -> DeviceModel:
     return replace(preset, memory_bytes=int(torch.cuda.get_device_properties(index).total_memory))
 
 
-def accumulator_bytes(mode: str, n: int, d: int, v: int) -> int:
-    """fp32 accumulators every plan of the mode holds: dh [N, D] (with gradients) and dW [V, D] (fused-loss)."""
-    return {"forward": 0, "generic": 4 * n * d}.get(mode, 4 * (n + v) * d)
+def accumulator_bytes(mode: str, n: int, d: int, v: int, backend: str = "triton") -> int:
+    """fp32 accumulators every plan of the mode holds: dh [N, D] (with gradients) and dW [V, D] (fused-loss
+    modes; the torch backend's generic mode too, which accumulates both over its blocks)."""
+    if mode == "forward":
+        return 0
+    return 4 * n * d if mode == "generic" and backend != "torch" else 4 * (n + v) * d
 
 
-def default_memory_budget(model: DeviceModel, mode: str, n: int, d: int, v: int) -> int | None:
+def default_memory_budget(model: DeviceModel, mode: str, n: int, d: int, v: int,
+                          backend: str = "triton") -> int | None:
     """The default budget in bytes: on a GPU `accumulator_bytes` plus `min(WORKSPACE_CAP, WORKSPACE_FRACTION x
     memory)`; None on the CPU (there chunks hold DEFAULT_CHUNK_ELEMENTS logit elements, the
     CPU-tuned rule)."""
     if model.memory_bytes is None:
         return None
     allowance = min(WORKSPACE_CAP, int(model.memory_bytes * WORKSPACE_FRACTION))
-    return accumulator_bytes(mode, n, d, v) + allowance
+    return accumulator_bytes(mode, n, d, v, backend) + allowance
 
 
 # ------------------------------------------------------------------------------------------------ kernels
@@ -161,7 +165,9 @@ class KernelCosts:
     gradient GEMM reads 2 + 2, and a block buffer of the input dtype).
     `torch_*`: the torch backend's bytes per logit element (forward, backward) and transient bytes per chunk
     element. `launches_*`: kernels per forward chunk, per backward block, per fused-loss chunk (the loss's
-    O(n) autograd included), per torch-backend block."""
+    O(n) autograd included), per torch-backend block. `fused_risk`: a factor on the tl.dot strategy's predicted
+    time while its kernels are unmeasured (its backward and fused-loss paths, and any pass at D=896, never ran on
+    a GPU): `auto` takes that strategy only where it is predicted faster even so (1.0 once measured)."""
 
     stats_bytes: float = 8.0
     grad_bytes: float = 14.0
@@ -181,12 +187,13 @@ class KernelCosts:
     launches_bwd_block: int = 8
     launches_loss_chunk: int = 40
     launches_torch_block: int = 20
+    fused_risk: float = 1.25
 
 
 #: the kernels measured on an H100 (2026-11-23): fp32 d(raw) in place then a bf16 copy, zero-filled fp32
 #: accumulators, the fused strategy's backward with fp32 atomics
 MEASURED_KERNELS = KernelCosts(stats_bytes=8, grad_bytes=22, loss_bytes=26, ws_bytes=6, lean_accumulators=False,
-                               fused_fwd_fraction=340 / 765, fused_bwd_atomics=True)
+                               fused_fwd_fraction=340 / 765, fused_bwd_atomics=True, fused_risk=1.0)
 KERNELS = KernelCosts()
 
 
@@ -416,6 +423,8 @@ def _price(s: _Shape, mode: str, strategy: str, rows: int, cols: int, grows: int
         _workspace_forward(c, rows)
         if mode == "generic":
             _workspace_backward(c, grows, gcols)
+    if strategy == "fused" and s.k.fused_risk != 1.0:
+        c.add("unmeasured", (s.k.fused_risk - 1.0) * c.total())
     return c
 
 
@@ -526,7 +535,7 @@ def plan_head(
     if budget is None and chunk_elements is None:  # env override, else the device default
         chunk_elements = env_chunk_elements()
         if chunk_elements is None:
-            budget = default_memory_budget(model, mode, max(n, 1), max(d, 1), max(v, 1))
+            budget = default_memory_budget(model, mode, max(n, 1), max(d, 1), max(v, 1), backend)
             chunk_elements = default_chunk_elements() if budget is None else None  # the CPU rule
     allowed = BACKEND_STRATEGIES[backend]
     if strategy not in (None, "auto", *allowed):

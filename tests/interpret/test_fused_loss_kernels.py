@@ -122,10 +122,13 @@ def test_memory_budget_plans_dw_staging(monkeypatch):
     """150000 bytes (bf16, N=40, V=1021, D=40): one 40-row chunk needs 163360 bytes of fp32 workspace and
     several chunks an fp32 dW of 163360 more, so the plan takes 14-row chunks (57176 bytes) staging all 40
     rows' d(raw) in bf16 (81680 bytes) for a single dW GEMM; the triton path follows it. (Workspace strategy
-    forced: the fused strategy's bf16 d(raw) buffer of all 40 rows fits on its own.)"""
+    forced: the fused strategy's bf16 d(raw) buffer of all 40 rows fits on its own.) The CPU preset of the cost
+    model is pinned, so on CUDA too (whose 128-row alignment fits nothing here: tests/test_plan.py) the same
+    plan runs."""
     from ludic_fast.ops.plan import plan_head
 
     budget = 150_000
+    monkeypatch.setenv("LUDIC_FAST_DEVICE_MODEL", "cpu")
     monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", "workspace")
     plan_ = plan_head(N, D, V, dtype=torch.bfloat16, mode="fused_loss", device=DEVICE, memory_budget=budget,
                       strategy="workspace")
