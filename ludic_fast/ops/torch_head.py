@@ -221,7 +221,14 @@ def addmm_acc_(acc: Tensor, a: Tensor, b: Tensor, beta: float = 1.0) -> None:
     """acc = beta acc + a @ b in place (acc fp32 or fp64), without an [acc]-sized temporary; beta = 0 ignores
     acc's contents (an uninitialised buffer needs no zero-fill). Goes through the out= form of addmm, which
     FLOP counters see (they miss `addmm_`); bf16/fp16 CUDA operands stay low precision."""
-    if _lowp_cuda(a) and acc.dtype == torch.float32:
+    if _lowp_cuda(a) and acc.dtype == torch.float32 and torch.compiler.is_compiling():
+        # FakeTensor rejects addmm's out_dtype overload before torch 2.12 (pytorch#163880): an mm, then the update
+        prod = torch.mm(a, b, out_dtype=torch.float32)
+        if beta == 0:
+            acc.copy_(prod)
+        else:
+            acc.mul_(beta).add_(prod)
+    elif _lowp_cuda(a) and acc.dtype == torch.float32:
         torch.addmm(acc, a, b, beta=beta, out_dtype=torch.float32, out=acc)
     else:
         torch.addmm(acc, a.to(acc.dtype), b.to(acc.dtype), beta=beta, out=acc)
