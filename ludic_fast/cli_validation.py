@@ -12,6 +12,7 @@ import importlib.util
 import math
 import os
 import re
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -127,6 +128,20 @@ def check_file(path: str, flag: str) -> None:
         raise UsageError(f"{flag} {path}: not a file")
 
 
+def check_output_dir(path: str | Path, flag: str) -> Path:
+    """Create the folder `path` (and its parents) and prove it writable by creating a file in it."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{flag} {path}: exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+    return out
+
+
 def _offline() -> bool:
     flags = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     return any(os.environ.get(k, "").lower() in ("1", "true", "yes") for k in flags)
@@ -220,6 +235,7 @@ __all__ = [
     "as_flags",
     "check_args",
     "check_numbers",
+    "check_output_dir",
     "check_device",
     "check_pretrained",
     "check_task_tokens",

@@ -31,6 +31,7 @@ from ludic_fast.benchmark.impls import IMPLS
 from ludic_fast.benchmark.report import markdown_report, plot_scaling, summary_table
 from ludic_fast.benchmark.runner import CaseResult, Options, run_suite
 from ludic_fast.benchmark.workloads import WORKLOADS, Shape
+from ludic_fast.cli_validation import OneLineParser, UsageError, check_device, check_file, check_output_dir
 
 QWEN_D, QWEN_V = 896, 151936  # Qwen2.5-0.5B head
 _CPU_IMPLS = ("ours-fused", "ours-generic", "reference", "liger", "trl", "verl", "gemm-fwd+bwd", "gemm-fwd")
@@ -108,11 +109,55 @@ PRESETS: dict[str, dict] = {
 
 
 def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected a comma list, got {text!r}")
+    return items
 
 
-def _ints(text: str) -> list[int]:
-    return [int(t) for t in _csv(text)]
+def _names(known: dict, what: str):
+    """argparse type: a comma list of keys of `known`."""
+
+    def parse(text: str) -> list[str]:
+        names = _csv(text)
+        bad = [n for n in names if n not in known]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(bad)}; choose from {', '.join(sorted(known))}")
+        return names
+
+    return parse
+
+
+def _int_at_least(minimum: int):
+    """argparse type: an int >= `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+_count = _int_at_least(1)
+
+
+def _counts(text: str) -> list[int]:
+    return [_count(t) for t in _csv(text)]
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
 
 
 def _triples(text: str) -> list[tuple[int, int, int]]:
@@ -120,25 +165,25 @@ def _triples(text: str) -> list[tuple[int, int, int]]:
     for item in _csv(text):
         parts = item.lower().split("x")
         if len(parts) != 3:
-            raise argparse.ArgumentTypeError(f"--shapes: {item!r} is not NxDxV (e.g. 8192x4096x151936)")
-        n, d, v = (int(x) for x in parts)
+            raise argparse.ArgumentTypeError(f"{item!r} is not NxDxV (e.g. 8192x4096x151936)")
+        n, d, v = (_count(x) for x in parts)
         out.append((n, d, v))
     return out
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="ludic-fast bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--preset", choices=sorted(PRESETS), help="shapes/workloads/implementations to start from")
-    p.add_argument("--workloads", type=_csv, help=f"comma list of {sorted(WORKLOADS)}")
-    p.add_argument("--impls", type=_csv, help=f"comma list of {sorted(IMPLS)}")
+    p.add_argument("--workloads", type=_names(WORKLOADS, "workload"), help=f"comma list of {sorted(WORKLOADS)}")
+    p.add_argument("--impls", type=_names(IMPLS, "implementation"), help=f"comma list of {sorted(IMPLS)}")
     p.add_argument("--shapes", type=_triples, help="comma list of NxDxV shapes (instead of the preset's)")
-    p.add_argument("--n", type=_ints, help="comma list of token counts N (with --d and --v: their product)")
-    p.add_argument("--d", type=_ints, help="comma list of hidden sizes D")
-    p.add_argument("--v", type=_ints, help="comma list of vocabulary sizes V")
+    p.add_argument("--n", type=_counts, help="comma list of token counts N (with --d and --v: their product)")
+    p.add_argument("--d", type=_counts, help="comma list of hidden sizes D")
+    p.add_argument("--v", type=_counts, help="comma list of vocabulary sizes V")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--seq-len", type=int, default=512, help="tokens per sequence of the loss batches")
+    p.add_argument("--seq-len", type=_count, default=512, help="tokens per sequence of the loss batches")
     p.add_argument(
         "--same-rows",
         action="store_true",
@@ -147,9 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
         "completion rows only; the output goes to a same-rows/ subfolder, without goal verdicts",
     )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads per case (CPU)")
-    p.add_argument("--repeats", type=int, default=None, help="timed runs per case (default: the preset's, else 3)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed runs before timing (default: preset's, else 1)")
+    p.add_argument("--threads", type=_count, default=2, help="torch threads per case (CPU)")
+    p.add_argument("--repeats", type=_count, default=None, help="timed runs per case (default: the preset's, else 3)")
+    p.add_argument(
+        "--warmup", type=_int_at_least(0), default=None, help="untimed runs before timing (default: preset's, else 1)"
+    )
     p.add_argument(
         "--one-process",
         action="store_true",
@@ -157,9 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure every case in this process (CUDA: the allocator peak is reset per case; the GPU "
         "presets' default); otherwise one process per case",
     )
-    p.add_argument("--check-tokens", type=int, default=256, help="tokens of the float64 error check (0: none)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per case")
+    p.add_argument(
+        "--check-tokens", type=_int_at_least(0), default=256, help="tokens of the float64 error check (0: none)"
+    )
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--timeout", type=_seconds, default=3600.0, help="seconds per case")
     p.add_argument("--out", default=None, help="output folder (default: the preset's, else bench/results)")
     p.add_argument("--note", action="append", default=[], help="free-form line for the report header")
     p.add_argument("--render", metavar="RESULTS_JSON", help="only re-render tables and plots of a results.json")
@@ -175,14 +224,30 @@ def _shapes(args: argparse.Namespace, preset: dict) -> list[Shape]:
         triples = [(n, d, v) for d in ds for v in vs for n in ns]
     else:
         triples = preset.get("shapes", [(2048, QWEN_D, QWEN_V)])
-    return [Shape(n, d, v, dtype=dtype, seq_len=args.seq_len, same_rows=args.same_rows) for n, d, v in triples]
+    try:
+        return [Shape(n, d, v, dtype=dtype, seq_len=args.seq_len, same_rows=args.same_rows) for n, d, v in triples]
+    except ValueError as exc:  # e.g. sequences of one token
+        raise UsageError(f"--shapes/--n/--seq-len: {exc}") from None
 
 
-def _validate(names: list[str], known, what: str) -> list[str]:
-    bad = [n for n in names if n not in known]
-    if bad:
-        raise SystemExit(f"unknown {what}: {bad}; choose from {sorted(known)}")
-    return names
+def _flags_given(args: argparse.Namespace) -> list[str]:
+    """The flags whose value differs from the parser's default."""
+    defaults = vars(build_parser().parse_args([]))
+    return ["--" + k.replace("_", "-") for k, v in vars(args).items() if v != defaults[k]]
+
+
+def _render_inputs(args: argparse.Namespace) -> tuple[list[CaseResult], dict[str, str], Path]:
+    """--render's results and output folder, checked before anything is drawn."""
+    ignored = [f for f in _flags_given(args) if f not in ("--render", "--out")]
+    if ignored:
+        raise UsageError(f"--render redraws a results.json and takes only --out; {ignored[0]} does not apply")
+    check_file(args.render, "--render")
+    try:
+        results, meta = load_results(args.render)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"--render {args.render}: not a results.json of ludic-fast bench ({reason})") from None
+    return results, meta, check_output_dir(args.out or Path(args.render).parent, "--out")
 
 
 def _load_average() -> str:
@@ -196,19 +261,28 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # called through `ludic-fast bench ...`
         argv = argv[1:]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.render:
-        results, meta = load_results(args.render)
-        out = Path(args.out or Path(args.render).parent)
+        try:
+            results, meta, out = _render_inputs(args)
+        except UsageError as exc:
+            parser.error(str(exc))
         write_outputs(results, meta, out)
         print(f"wrote {out}/results.md")
         return 0
     preset = PRESETS.get(args.preset or "key")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    workloads = _validate(args.workloads or list(preset["workloads"]), WORKLOADS, "workloads")
-    impls = _validate(args.impls or list(preset["impls"]), IMPLS, "implementations")
-    shapes = _shapes(args, preset)
-    out = Path(args.out or Path(preset.get("out", "bench/results"), "same-rows" if args.same_rows else ""))
+    workloads = args.workloads or list(preset["workloads"])
+    impls = args.impls or list(preset["impls"])
+    try:
+        check_device(device)
+        shapes = _shapes(args, preset)
+        out = check_output_dir(
+            args.out or Path(preset.get("out", "bench/results"), "same-rows" if args.same_rows else ""), "--out"
+        )
+    except UsageError as exc:
+        parser.error(str(exc))
     warmup = args.warmup if args.warmup is not None else preset.get("warmup", 1)
     repeats = args.repeats if args.repeats is not None else preset.get("repeats", 3)
     one_process = bool(args.one_process if args.one_process is not None else preset.get("one_process", False))
