@@ -53,9 +53,9 @@ demo: $(STAMP)
 	$(VENV)/bin/ludic-fast demo
 
 test: $(STAMP) $(VERL_STAMP)
-	$(PY) -m pytest -q tests --ignore=tests/interpret
-	if [ -d tests/interpret ]; then TRITON_INTERPRET=1 $(PY) -m pytest -q tests/interpret; fi
-	LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q tests/test_integration_verl.py
+	$(PY) -m pytest -q -rs tests --ignore=tests/interpret
+	if [ -d tests/interpret ]; then TRITON_INTERPRET=1 $(PY) -m pytest -q -rs tests/interpret; fi
+	LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q -rs tests/test_integration_verl.py
 
 test-pretend-cuda: $(STAMP)
 	LUDIC_FAST_PRETEND_CUDA=1 $(PY) -m pytest -q tests --ignore=tests/interpret

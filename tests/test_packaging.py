@@ -3,8 +3,11 @@ pins every requirement floor."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -53,3 +56,11 @@ def test_oldest_constraints_pin_every_floor():
     assert {canonicalize_name(r.name) for r in core} <= pins.keys()
     assert {"torch", "triton", "transformers", "trl"} <= floors.keys()
     assert {name: pins.get(name) for name in floors} == floors
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
+def test_gitignore_matches_no_tracked_file():
+    """A tracked file that .gitignore matches is one whose siblings `git add` would silently leave out."""
+    ignored = subprocess.run(["git", "ls-files", "--cached", "--ignored", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert ignored == [], f".gitignore matches tracked files: {ignored}"
