@@ -19,6 +19,8 @@ and `macro_prompt_tokens` ([S]: Σ M over the macro-batch sequences of each sequ
 and prompt_mean then divide by macro-batch counts, so Σ_k (S_k / N) loss_k is the macro-batch loss for
 any split into micro-batches.
 
+Per-token and per-sequence float values are float32, or float64 when the batch holds them in float64.
+
 Building the index costs one host sync (`nonzero`, the number of action tokens); nothing else here syncs.
 """
 
@@ -61,6 +63,11 @@ def _positions(batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor, int]:
     nxt = torch.zeros_like(flat_mask)
     nxt[:-1] = flat_mask[1:] * (seq[:-1] == seq[1:])  # the shift never crosses a sequence boundary
     return seq, nxt, n_seq
+
+
+def widen(x: Tensor) -> Tensor:
+    """x as float32, or float64 when it is float64 (float64 inputs are carried through, never narrowed)."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def _dense_groups(group_id: Tensor) -> tuple[Tensor, Tensor]:
@@ -113,12 +120,12 @@ class TokenBatch:
         mask = nxt[rows]
         tokens = {"targets": ids[rows + 1].long(), "seq": seq, "mask": mask}
         shape = tuple(batch["input_ids"].shape)
-        for key in ("actor_logps", "ref_logps", "is_weights", "advantages"):
+        for key in ("actor_logps", "ref_logps", "is_weights", "advantages", "log_sum_sq_probs"):
             if key in batch:
                 val = batch[key]
                 if tuple(val.shape) != shape:
                     raise ValueError(f"batch[{key!r}] must have the shape of input_ids {shape}, got {tuple(val.shape)}")
-                tokens[key] = val.reshape(-1)[rows + 1].float()
+                tokens[key] = widen(val.reshape(-1)[rows + 1])
         raw = torch.zeros(n_seq, device=rows.device).index_add_(0, seq, mask)
         seqs = {"raw_counts": raw, "counts": raw.clamp(min=1.0)}
         for key in ("weight", "old_logp_action", "zvp_direction", "group_id"):
@@ -126,7 +133,7 @@ class TokenBatch:
                 val = batch[key]
                 if tuple(val.shape) != (n_seq,):
                     raise ValueError(f"batch[{key!r}] must have shape [{n_seq}] (per sequence), got {tuple(val.shape)}")
-                seqs[key] = val if key == "group_id" else val.float()
+                seqs[key] = val if key == "group_id" else widen(val)
         if "group_id" in seqs:
             seqs["prompt"], seqs["n_prompts"] = _dense_groups(seqs["group_id"])
         _check_macro_totals(batch, n_seq)
@@ -170,7 +177,7 @@ class TokenBatch:
         """Per-sequence values [S] of batch[key]."""
         if key not in self.seqs:
             if key in self.batch:  # a caller-chosen key (e.g. old_logp_key)
-                return self.batch[key].float()
+                return widen(self.batch[key])
             raise KeyError(f"{owner} requires batch[{key!r}] (one value per sequence)")
         return self.seqs[key]
 
@@ -232,4 +239,4 @@ class TokenBatch:
         return one / denom
 
 
-__all__ = ["TokenBatch", "AGGREGATIONS", "MACRO_KEYS"]
+__all__ = ["TokenBatch", "AGGREGATIONS", "MACRO_KEYS", "widen"]
