@@ -71,7 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {', '.join(PATHS)}")
     p.add_argument("--find-max", action="store_true",
                    help="also double --seqs per path until it runs out of memory (CUDA); report the largest fit")
-    p.add_argument("--json", help="write the rows to this JSON file too")
+    p.add_argument("--find-max-seconds", type=float, default=240.0,
+                   help="--find-max stops doubling once this many seconds were spent on it (default 240)")
+    p.add_argument("--json", help="write the rows to this JSON file too (after every child)")
+    p.add_argument("--markdown", help="write the table to this file too (after every child)")
     p.add_argument("--run", choices=PATHS, help=argparse.SUPPRESS)  # one path in this process (internal)
     return p
 
@@ -252,7 +255,8 @@ def run_path(args: argparse.Namespace, path: str) -> dict:
 
 
 def _child(args: argparse.Namespace, path: str, seqs: int | None = None) -> dict:
-    """Run one path in a fresh process; {"skipped": reason} when it cannot run here or runs out of memory."""
+    """Run one path in a fresh process; {"skipped": reason} when it cannot run here or runs out of memory, and
+    {"skipped": "failed: ...", "failed": True} when it fails otherwise (the run goes on with the next path)."""
     if path.endswith("+kernels") and args.device != "cuda":
         return {"path": path, "skipped": "CUDA only (Liger-Kernel's kernels)"}
     if path == "trl":
@@ -271,18 +275,24 @@ def _child(args: argparse.Namespace, path: str, seqs: int | None = None) -> dict
         err = proc.stderr.strip()
         if "OutOfMemoryError" in err or "out of memory" in err:
             return {"path": path, "skipped": "out of memory"}
-        raise SystemExit(f"{path} failed: {err[-1500:]}")
+        print(f"[e2e] {path} failed (exit {proc.returncode}):\n{err[-1500:]}", file=sys.stderr, flush=True)
+        last = err.splitlines()[-1][:200] if err else f"exit {proc.returncode}"
+        return {"path": path, "skipped": f"failed: {last}", "failed": True}
     return json.loads(line[len(RESULT_PREFIX):])
 
 
-def _largest_fit(args: argparse.Namespace, path: str, first: dict) -> int | None:
-    """Double the sequences per step from --seqs until the path runs out of memory; the largest that ran."""
+def _largest_fit(args: argparse.Namespace, path: str, first: dict, deadline: float) -> str | None:
+    """Double the sequences per step from --seqs until the path runs out of memory (or fails), or the
+    --find-max-seconds deadline (time.monotonic) passes: the largest that ran, '>= n' when cut by the deadline."""
     if "skipped" in first:
         return None
     seqs = args.seqs
-    while "skipped" not in _child(args, path, seqs * 2):
+    while True:
+        if time.monotonic() >= deadline:
+            return f">= {seqs} (time cap)"
+        if "skipped" in _child(args, path, seqs * 2):
+            return str(seqs)
         seqs *= 2
-    return seqs
 
 
 def table(args: argparse.Namespace, rows: list[dict]) -> str:
@@ -322,16 +332,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             payload = {"args": {k: v for k, v in vars(args).items() if k != "argv"}, "rows": rows}
             atomic_write_text(args.json, json.dumps(payload, indent=1))
+        if args.markdown:
+            atomic_write_text(args.markdown, table(args, rows) + "\n")
 
     for path in args.paths.split(","):  # every path's step first, then (--find-max) the largest batches
         row = _child(args, path)
         rows.append(row)
         save(f"{path}: {row['skipped']}" if "skipped" in row else f"{path}: median step {row['median_s']:.3f} s")
+    deadline = time.monotonic() + args.find_max_seconds
     for row in rows if args.find_max else ():
-        row["max_seqs"] = _largest_fit(args, row["path"], row)
+        row["max_seqs"] = _largest_fit(args, row["path"], row, deadline)
         save(f"{row['path']}: largest sequences per step {row['max_seqs']}")
     print(table(args, rows))
-    return 0
+    return 1 if any(r.get("failed") for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -74,3 +74,47 @@ def test_rows_are_saved_after_every_path(tmp_path, monkeypatch):
         bench.main(["--paths", "ours-padded,ours-packed,reference", "--json", str(tmp_path / "rows.json")])
     saved = json.loads((tmp_path / "rows.json").read_text())["rows"]
     assert [r["path"] for r in saved] == ["ours-padded", "ours-packed"]
+
+
+def _fake_children(monkeypatch, bench, fail: str):
+    """subprocess.run of a child: a RESULT line, except for `fail`, which dies of a non-OOM error."""
+    import subprocess
+
+    def run(cmd, **kw):
+        path = cmd[cmd.index("--run") + 1]
+        if path == fail:
+            return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nValueError: boom")
+        row = {"path": path, "median_s": 0.5, "min_s": 0.4, "tokens": 8, "tokens_per_s": 16.0, "peak_bytes": 2**30,
+               "estimate_bytes": None}
+        return subprocess.CompletedProcess(cmd, 0, bench.RESULT_PREFIX + json.dumps(row) + "\n", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+
+
+def test_a_failing_path_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
+    """A non-OOM failure of one child is that path's row ('failed: ...'); the next paths still run, the table
+    and --markdown are written, and the exit status is 1."""
+    bench = _bench()
+    _fake_children(monkeypatch, bench, fail="ours-packed")
+    md = tmp_path / "e2e.md"
+    argv = ["--paths", "ours-padded,ours-packed,reference", "--json", str(tmp_path / "rows.json"),
+            "--markdown", str(md)]
+    assert bench.main(argv) == 1
+    saved = {r["path"]: r for r in json.loads((tmp_path / "rows.json").read_text())["rows"]}
+    assert saved["ours-packed"]["skipped"] == "failed: ValueError: boom" and saved["ours-packed"]["failed"]
+    assert saved["reference"]["median_s"] == 0.5 and "| reference | 0.500 |" in md.read_text()
+    assert "ours-packed failed (exit 1)" in capsys.readouterr().err
+
+
+def test_find_max_stops_at_its_time_cap(tmp_path, monkeypatch):
+    """--find-max doubles until out of memory or --find-max-seconds: with a path that never runs out of memory
+    the doubling stops at the cap and the row says so."""
+    bench = _bench()
+    _fake_children(monkeypatch, bench, fail="")
+    clock = iter(range(0, 10**6, 50))  # each look at the clock is 50 s later
+    monkeypatch.setattr(bench.time, "monotonic", lambda: next(clock))
+    argv = ["--paths", "ours-padded", "--seqs", "2", "--find-max", "--find-max-seconds", "120",
+            "--json", str(tmp_path / "rows.json")]
+    assert bench.main(argv) == 0
+    row = json.loads((tmp_path / "rows.json").read_text())["rows"][0]
+    assert row["max_seqs"] == ">= 8 (time cap)"

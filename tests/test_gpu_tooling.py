@@ -90,3 +90,24 @@ def test_gpu_requirements_never_name_torch_or_triton(monkeypatch):
     assert gpu_requirements.missing() == ["transformers>=99"]
     del installed["pytest"]
     assert gpu_requirements.missing() == ["transformers>=99", "pytest"]
+
+
+def test_bench_builds_inputs_once_per_shape_and_workload(monkeypatch):
+    """In one process (the GPU presets) the cases of a shape share inputs built once per workload, on the
+    case's device; the next shape frees them first."""
+    from ludic_fast.benchmark import worker
+    from ludic_fast.benchmark.runner import Options, run_suite
+    from ludic_fast.benchmark.workloads import Shape
+
+    built = []
+    make = worker.make_inputs
+    monkeypatch.setattr(worker, "make_inputs", lambda *a, **kw: built.append((a[0], a[1].n)) or make(*a, **kw))
+    monkeypatch.setattr(worker, "_SHAPE_INPUTS", {})
+    shapes = [Shape(48, 16, 101, seq_len=24), Shape(64, 16, 101, seq_len=32)]
+    opts = Options(repeats=1, warmup=0, check_tokens=8, in_process=True)
+    impls = ["ours-generic", "ours-fused", "reference", "gemm-fwd+bwd"]
+    results = run_suite(impls, ["head", "cispo"], shapes, opts, log=lambda _: None)
+    assert [r.status for r in results].count("ok") == 14  # ours-fused skips the head op (ours-generic is it)
+    assert built == [("head", 48), ("cispo", 48), ("head", 64), ("cispo", 64)]
+    assert {k[1].n for k in worker._SHAPE_INPUTS} == {64}
+    assert all(t.device.type == "cpu" for inp in worker._SHAPE_INPUTS.values() for t in inp.leaves())

@@ -1,6 +1,8 @@
 """Measure one (implementation, workload, shape) case; run by the runner in a process of its own (CPU) or
 in the runner's process (`Options.in_process`, the GPU presets).
 
+Inputs: `make_inputs` on the case's device, built once per shape and workload in a process that measures
+several cases (`shape_inputs`); each case times fresh leaves cloned from them.
 Timing: `warmup` untimed runs, then `repeats` timed forward+backward runs (on CUDA between two CUDA
 events, on CPU by the host clock); the result keeps every time, their median and minimum. Peak memory: on
 CPU the process's peak resident set (VmHWM) since the inputs were built (the peak is reset then, so it
@@ -139,6 +141,21 @@ def check_errors(impl_name: str, workload: Workload, inp: Inputs, check_tokens: 
     return errors
 
 
+#: the inputs of the shape measured last, by (workload, seed, device): cases of one shape share them
+_SHAPE_INPUTS: dict[tuple[str, Shape, int, str], Inputs] = {}
+
+
+def shape_inputs(workload: str, shape: Shape, seed: int, device: str) -> Inputs:
+    """`make_inputs` built once per (workload, shape, seed, device) while one shape is measured (the runner
+    walks shape by shape): a case of another shape frees the previous shape's inputs first."""
+    key = (workload, shape, seed, device)
+    if key not in _SHAPE_INPUTS:
+        if any(k[1] != shape for k in _SHAPE_INPUTS):
+            _SHAPE_INPUTS.clear()
+        _SHAPE_INPUTS[key] = make_inputs(workload, shape, seed=seed, device=device)
+    return _SHAPE_INPUTS[key]
+
+
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Time, peak memory and errors of one case. `spec`: impl, workload, shape (Shape fields), device,
     threads, repeats, warmup, check_tokens (0: skip the error check), seed. On CUDA the case runs with its
@@ -156,7 +173,7 @@ def _measure(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     preload()
-    inp = make_inputs(workload.name, shape, seed=int(spec.get("seed", 0)), device=device).fresh()
+    inp = shape_inputs(workload.name, shape, int(spec.get("seed", 0)), device).fresh()
     step = impl.build(workload, inp)
     memory = PeakMemory(device)
     memory.reset()

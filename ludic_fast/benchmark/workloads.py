@@ -246,19 +246,23 @@ class Inputs:
 
 
 def make_inputs(workload: str, shape: Shape, seed: int = 0, device: str | torch.device = "cpu") -> Inputs:
-    """Deterministic inputs for `workload` at `shape` (generated on CPU in float32, then cast and moved)."""
-    g = torch.Generator().manual_seed(seed)
+    """Deterministic inputs for `workload` at `shape`, drawn in float32 on `device` by a generator of that device
+    (a CUDA generator draws other numbers than the CPU one: the inputs are a function of shape, seed and device
+    type), then cast. On a GPU this takes milliseconds where the CPU's V x D draw takes seconds."""
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
     w = get_workload(workload)
     B, T = w.layout(shape)
     N = B * T if w.is_loss else shape.n_tokens
     D, V = shape.d, shape.v
     dt = shape.torch_dtype
-    hidden = torch.randn(N, D, generator=g)
-    weight = torch.randn(V, D, generator=g).mul_(LOGIT_STD / math.sqrt(D))
-    ids = torch.randint(0, V, (N,), generator=g)
+    hidden = torch.randn(N, D, generator=g, device=dev)
+    weight = torch.randn(V, D, generator=g, device=dev).mul_(LOGIT_STD / math.sqrt(D))
+    ids = torch.randint(0, V, (N,), generator=g, device=dev)
     kind = w.kind
     if kind == "distill":
-        teacher = (torch.randn(N, D, generator=g), torch.randn(V, D, generator=g).mul_(LOGIT_STD / math.sqrt(D)))
+        teacher = (torch.randn(N, D, generator=g, device=dev),
+                   torch.randn(V, D, generator=g, device=dev).mul_(LOGIT_STD / math.sqrt(D)))
         return Inputs(
             hidden.to(device=device, dtype=dt),
             weight.to(device=device, dtype=dt),
@@ -266,8 +270,8 @@ def make_inputs(workload: str, shape: Shape, seed: int = 0, device: str | torch.
             teacher=tuple(t.to(device=device, dtype=dt) for t in teacher),
         )
     if kind not in ("rl", "pair"):
-        g_lp = torch.randn(N, generator=g)
-        g_h = torch.randn(N, generator=g)
+        g_lp = torch.randn(N, generator=g, device=dev)
+        g_h = torch.randn(N, generator=g, device=dev)
         return Inputs(
             hidden.to(device=device, dtype=dt),
             weight.to(device=device, dtype=dt),
@@ -279,7 +283,7 @@ def make_inputs(workload: str, shape: Shape, seed: int = 0, device: str | torch.
     h3 = hidden.reshape(B, T, D)
     batch = _ludic_batch(h3, weight, input_ids, g, prompt_tokens(T, shape.same_rows))
     if kind == "pair":
-        batch["ref_seq_logps"] = torch.zeros(B)
+        batch["ref_seq_logps"] = torch.zeros(B, device=dev)
     return Inputs(
         h3.to(device=device, dtype=dt),
         weight.to(device=device, dtype=dt),
@@ -294,21 +298,22 @@ def _ludic_batch(
     """Ludic batch: the first `prompt` tokens of each sequence are prompt (action_mask 0), the rest actions."""
     B, T = input_ids.shape
     V = weight.shape[0]
-    action_mask = torch.zeros(B, T, dtype=torch.long)
+    dev = input_ids.device
+    action_mask = torch.zeros(B, T, dtype=torch.long, device=dev)
     action_mask[:, prompt:] = 1
     target_logit = torch.einsum("btd,btd->bt", hidden[:, :-1], weight[input_ids[:, 1:]])
     approx_lse = math.log(V) + LOGIT_STD**2 / 2
-    actor = torch.zeros(B, T)
-    actor[:, 1:] = target_logit - approx_lse + ACTOR_NOISE * torch.randn(B, T - 1, generator=g)
+    actor = torch.zeros(B, T, device=dev)
+    actor[:, 1:] = target_logit - approx_lse + ACTOR_NOISE * torch.randn(B, T - 1, generator=g, device=dev)
     actor = actor * action_mask
-    directions = torch.tensor([1, -1, 0], dtype=torch.long).repeat(B // 3 + 1)[:B]
+    directions = torch.tensor([1, -1, 0], dtype=torch.long, device=dev).repeat(B // 3 + 1)[:B]
     return {
         "input_ids": input_ids,
-        "attention_mask": torch.ones(B, T, dtype=torch.long),
+        "attention_mask": torch.ones(B, T, dtype=torch.long, device=dev),
         "action_mask": action_mask,
-        "weight": torch.randn(B, generator=g),
+        "weight": torch.randn(B, generator=g, device=dev),
         "actor_logps": actor,
         "old_logp_action": actor[:, 1:].sum(-1),
         "zvp_direction": directions,
-        "group_id": torch.arange(B) // 2,
+        "group_id": torch.arange(B, device=dev) // 2,
     }
