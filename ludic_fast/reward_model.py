@@ -1,7 +1,11 @@
 """Reward models: a scalar value head on the final hidden states and the Bradley-Terry pairwise loss.
 
-The reward of a sequence is the value head at its last token: r_b = w · h_{b, last} + c, with `last` the
-last attended position of a padded row (right padding) or the last position of a packed sequence.
+The reward of a sequence is the value head at one token: r_b = w · h_{b, read} + c, with `read` the last
+attended position of a padded row (right padding) or the last position of a packed sequence; with
+`pad_token_id` given, the last position of the sequence whose token differs from it (the read-out of
+transformers' `*ForSequenceClassification`: with pad = eos, as TRL sets it when the tokenizer has no pad
+token, the reward is read at the token before the trailing eos). Rewards are float32, float64 when the
+hidden states or the value head are float64.
 Pairs use the layout of `ludic_fast.pair_batching.collate_pairs` (sequence 2i chosen, 2i+1 rejected).
 
 Bradley-Terry (Bradley & Terry 1952; as a reward-model loss, Ouyang et al., arXiv 2203.02155, eq. 1):
@@ -26,29 +30,48 @@ from torch import Tensor
 Batch = Mapping[str, Tensor]
 
 
-def last_positions(batch: Batch) -> Tensor:
-    """Flat index (into hidden.reshape(-1, D)) of each sequence's last token: [S]."""
+def _sequence_of_positions(batch: Batch) -> tuple[Tensor, Tensor, int]:
+    """(sequence id per flat position, 1 where the position belongs to a sequence, number of sequences)."""
     ids = batch["input_ids"]
     if "cu_seqlens" in batch:
-        return batch["cu_seqlens"][1:].to(device=ids.device, dtype=torch.long) - 1
+        cu = batch["cu_seqlens"].to(device=ids.device, dtype=torch.long)
+        pos = torch.arange(ids.numel(), device=ids.device)
+        seq = torch.searchsorted(cu[1:], pos, right=True)
+        return seq.clamp(max=cu.numel() - 2), (pos < cu[-1]), cu.numel() - 1
     B, T = ids.shape
     attn = batch.get("attention_mask")
-    length = torch.full((B,), T, device=ids.device) if attn is None else attn.sum(1).long()
-    if bool((length < 1).any()):
-        raise ValueError("every sequence needs at least one attended token (attention_mask row of zeros)")
-    return torch.arange(B, device=ids.device) * T + length - 1
+    inside = torch.ones(B, T, dtype=torch.bool, device=ids.device) if attn is None else attn > 0
+    return torch.arange(B, device=ids.device).repeat_interleave(T), inside.reshape(-1), B
 
 
-def sequence_rewards(batch: Batch, hidden: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """r_b = w · h_{b, last} + c, float32 [S]; `weight` [1, D] or [D] (an nn.Linear(D, 1)), `bias` [1] or None."""
+def last_positions(batch: Batch, pad_token_id: int | None = None) -> Tensor:
+    """Flat index (into hidden.reshape(-1, D)) of each sequence's last token [S] (attended, padded layout), or
+    with `pad_token_id` its last token whose id is not pad_token_id."""
+    seq, keep, n_seq = _sequence_of_positions(batch)
+    if pad_token_id is not None:
+        keep = keep & (batch["input_ids"].reshape(-1) != pad_token_id)
+    pos = torch.arange(seq.numel(), device=seq.device)
+    last = torch.full((n_seq,), -1, device=seq.device).scatter_reduce(0, seq[keep], pos[keep], "amax")
+    if bool((last < 0).any()):
+        what = "attended token" if pad_token_id is None else f"token other than pad_token_id={pad_token_id}"
+        raise ValueError(f"every sequence needs at least one {what}")
+    return last
+
+
+def sequence_rewards(
+    batch: Batch, hidden: Tensor, weight: Tensor, bias: Tensor | None = None, pad_token_id: int | None = None
+) -> Tensor:
+    """r_b = w · h_{b, read} + c [S] (float32, float64 for float64 inputs); `weight` [1, D] or [D] (an
+    nn.Linear(D, 1)), `bias` [1] or None; the read position as `last_positions(batch, pad_token_id)`."""
     if hidden.ndim != 3 or tuple(hidden.shape[:2]) != tuple(batch["input_ids"].shape):
         raise ValueError(f"hidden must be [*input_ids.shape, D], got {tuple(hidden.shape)}")
     w = weight.reshape(-1)
     if w.numel() != hidden.shape[-1]:
         raise ValueError(f"weight must hold D = {hidden.shape[-1]} values ([1, D] or [D]), got {tuple(weight.shape)}")
-    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, last_positions(batch))
-    r = h.float() @ w.float()
-    return r if bias is None else r + bias.float().reshape(())
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, last_positions(batch, pad_token_id))
+    dtype = torch.float64 if torch.float64 in (h.dtype, w.dtype) else torch.float32
+    r = h.to(dtype) @ w.to(dtype)
+    return r if bias is None else r + bias.to(dtype).reshape(())
 
 
 def pair_reward_stats(rw: Tensor, rl: Tensor) -> dict[str, Tensor]:
@@ -64,9 +87,11 @@ def pair_reward_stats(rw: Tensor, rl: Tensor) -> dict[str, Tensor]:
 
 @dataclass
 class BradleyTerryLoss:
-    """Pairwise reward-model loss (module docstring); call with hidden states + value head, or `rewards=` [S]."""
+    """Pairwise reward-model loss (module docstring); call with hidden states + value head, or `rewards=` [S].
+    `pad_token_id` picks the read position (`last_positions`). The loss is float64 for float64 rewards."""
 
     center_rewards_coefficient: float = 0.0
+    pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.center_rewards_coefficient < 0:
@@ -86,7 +111,9 @@ class BradleyTerryLoss:
         if hidden is not None:
             if weight is None:
                 raise ValueError("weight (the value head weight [1, D]) is required with hidden=")
-            rewards = sequence_rewards(batch, hidden, weight, bias)
+            rewards = sequence_rewards(batch, hidden, weight, bias, self.pad_token_id)
+        elif self.pad_token_id is not None:
+            raise ValueError("pad_token_id picks where hidden states are read; with rewards= it has no use")
         if rewards.ndim != 1 or rewards.numel() == 0 or rewards.numel() % 2:
             raise ValueError(f"rewards must be [S] with S even (2i chosen, 2i+1 rejected), got {tuple(rewards.shape)}")
         rw, rl = rewards[0::2], rewards[1::2]

@@ -240,3 +240,14 @@ def test_batch_sorted_types_couple_the_batch():
     tb = TokenBatch.from_batch(batch)
     assert P.DPOLoss(loss_type="aot").coupling_groups(tb) is None
     assert P.DPOLoss(loss_type="hinge").coupling_groups(tb) is not None
+
+
+@pytest.mark.parametrize("kto_kl", [None, 0.3])
+def test_kto_float64(kto_kl):
+    # float64 KTO: the in-batch KL estimate z0 (or a float64 batch['kto_kl']) and the loss stay float64, 1e-12
+    batch, h, W, b = make_pairs(5, dtype=torch.float64, kto=True)
+    batch["ref_logps"] = batch["ref_logps"].double()
+    if kto_kl is not None:
+        batch["kto_kl"] = torch.tensor(kto_kl, dtype=torch.float64) + 1e-9  # not a float32 number
+    _compare(P.KTOLoss(beta=0.5), RP.KTOLoss(beta=0.5), batch, h, W, b, 1e-12, 1e-12,
+             chunk_elements=CHUNKS["one_pass"])
