@@ -50,13 +50,13 @@ def test_chunk_log_softmax_torch(benchmark, head_case):
 def test_chunk_grad_and_accumulate(benchmark, head_case):
     h, W, _, head = head_case
     rows, cols = slice(0, N), slice(0, V)
-    lse, ez, _ = head.stats(h, rows, True)
+    lse, elp, _, _ = head.stats(h, rows, True)
     g_lp, g_H = torch.ones(N), torch.full((N,), 0.1)
     dh, dW = torch.zeros(N, D), torch.zeros(V, D)
 
     def run():
         z = head.logits(h, rows, cols)
-        head.accumulate_(head.grad_raw_(z, rows, cols, lse, ez, g_lp, g_H), h, rows, cols, dh, dW, None)
+        head.accumulate_(head.grad_raw_(z, rows, cols, lse, elp, g_lp, g_H), h, rows, cols, dh, dW, None)
 
     benchmark(run)
 

@@ -3,10 +3,11 @@
 Each program computes logit tiles z = final(h W^T + b) with tl.dot (fp32 accumulation) over its vocab
 range and keeps, per row, the fp32 online statistics
 
-    m = max_j z_j,   s = sum_j e^{z_j - m},   t = sum_j e^{z_j - m} z_j,   z_y (target logit, 0 elsewhere)
+    m = max_j z_j,   tail = sum_{j != argmax} e^{z_j - m},   t = sum_j e^{z_j - m} (z_j - m),   z_y (target
+    logit, 0 elsewhere)          (relative to the running maximum: see `_logit_math`)
 
-written as partials `part[q, split, row]` (q = m, s, t, z_y) that `head_merge` combines. Vocab columns
->= V are -inf for m and s and contribute 0 to t. Offsets into h and W are int64. h and W arrive as pointers
+written as partials `part[q, split, row]` (q = m, tail, t, z_y) that `head_merge` combines. Vocab columns
+>= V are -inf for m and the sums. Offsets into h and W are int64. h and W arrive as pointers
 (masked loads, any strides) or, in the TMA variant (constexpr TMA), as tensor descriptors (`kernels.tma`).
 """
 
@@ -108,7 +109,7 @@ def head_fwd_kernel(
     tgt = tl.load(tgt_ptr + rows, mask=row_ok, other=-1)
     inv_t = tl.load(inv_t_ptr + rows, mask=row_ok, other=1.0)
     m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    s = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    tail = tl.zeros((BLOCK_M,), dtype=tl.float32)
     t = tl.zeros((BLOCK_M,), dtype=tl.float32)
     zy = tl.zeros((BLOCK_M,), dtype=tl.float32)
     v_lo = pid_s * blocks_per_split * BLOCK_N
@@ -121,11 +122,11 @@ def head_fwd_kernel(
         if HAS_BIAS:
             raw += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         z, _th = final_logits(raw, inv_t, SCALE, HAS_SOFTCAP, SOFTCAP)
-        m, s, t, zy = online_stats_update(z, cols, col_ok, tgt, m, s, t, zy, ENTROPY)
+        m, tail, t, zy = online_stats_update(z, cols, col0, col_ok, tgt, m, tail, t, zy, ENTROPY)
     out = part_ptr + pid_s.to(tl.int64) * N + rows
     plane = n_splits.to(tl.int64) * N
     tl.store(out, m, mask=row_ok)
-    tl.store(out + plane, s, mask=row_ok)
+    tl.store(out + plane, tail, mask=row_ok)
     tl.store(out + 2 * plane, t, mask=row_ok)
     tl.store(out + 3 * plane, zy, mask=row_ok)
 

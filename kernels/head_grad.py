@@ -1,7 +1,8 @@
 """Backward logits-to-gradient kernel of the fused strategy: one program per (token tile x vocab tile) of a
 backward block. It recomputes the raw logit tile with tl.dot (fp32 accumulation) and, in registers, forms
 
-    p = e^{z - lse},   dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z),   d(raw)_j = dz_j / T * SCALE * (1 - tanh^2)
+    log p = z - lse,   dz_j = g_lp (1[j=y] - p_j) - g_H p_j (log p_j - elp),
+    d(raw)_j = dz_j / T * SCALE * (1 - tanh^2)
 
 then stores d(raw) in the GEMM operand dtype of `d` (bf16/fp16, or fp32 for fp32 inputs). cuBLAS forms
 dh = d W and dW = d^T h from it. Each program owns its output tile (no atomics); no fp32 logits are
@@ -15,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ._device import on_device_of
-from ._logit_math import final_logits, logit_grad, raw_grad
+from ._logit_math import final_logits, log_p_of, logit_grad, raw_grad
 from .head_fwd import dot_operands, dot_tile
 
 #: Launch configurations per (input element size, architecture family), spill-free with every feature on and
@@ -47,7 +48,7 @@ def grad_config(elem_size: int, arch: int, tma: bool = False) -> dict:
 
 @triton.jit
 def grad_tile(
-    pid_m, pid_n, h_src, w_src, b_ptr, tgt_ptr, inv_t_ptr, lse_ptr, ez_ptr, glp_ptr, gh_ptr, d_ptr,
+    pid_m, pid_n, h_src, w_src, b_ptr, tgt_ptr, inv_t_ptr, lse_ptr, elp_ptr, glp_ptr, gh_ptr, d_ptr,
     N, C, D, col_start, stride_hn, stride_hk, stride_wv, stride_wk, stride_d,
     HAS_BIAS: tl.constexpr, SCALE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_GH: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
@@ -64,18 +65,18 @@ def grad_tile(
     g_lp = tl.where(tgt >= 0, tl.load(glp_ptr + rows, mask=row_ok, other=0.0), 0.0)
     if HAS_GH:
         g_h = tl.where(tgt >= 0, tl.load(gh_ptr + rows, mask=row_ok, other=0.0), 0.0)
-        ez = tl.load(ez_ptr + rows, mask=row_ok, other=0.0)
+        elp = tl.load(elp_ptr + rows, mask=row_ok, other=0.0)
     else:
         g_h = g_lp
-        ez = lse
+        elp = lse
     raw = dot_tile(h_src, w_src, pid_m * BLOCK_M, pid_n * BLOCK_N, N, C, D, stride_hn, stride_hk, stride_wv,
                    stride_wk, TMA, UPCAST, PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         raw += tl.load(b_ptr + col_start + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     # outside the block (masked loads: raw = 0) z and p stay finite and are never stored, so no masking here
     z, th = final_logits(raw, inv_t, SCALE, HAS_SOFTCAP, SOFTCAP)
-    p = tl.exp(z - lse[:, None])
-    dz = logit_grad(z, p, (col_start + cols)[None, :] == tgt[:, None], g_lp, g_h, ez, HAS_GH)
+    log_p = log_p_of(z, lse)
+    dz = logit_grad(log_p, tl.exp(log_p), (col_start + cols)[None, :] == tgt[:, None], g_lp, g_h, elp, HAS_GH)
     draw = raw_grad(dz, th, inv_t, SCALE, HAS_SOFTCAP)
     d_tile = d_ptr + rows.to(tl.int64)[:, None] * stride_d + cols[None, :]
     tl.store(d_tile, draw.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -83,7 +84,7 @@ def grad_tile(
 
 @triton.jit
 def head_grad_kernel(
-    h_src, w_src, b_ptr, tgt_ptr, inv_t_ptr, lse_ptr, ez_ptr, glp_ptr, gh_ptr, d_ptr,
+    h_src, w_src, b_ptr, tgt_ptr, inv_t_ptr, lse_ptr, elp_ptr, glp_ptr, gh_ptr, d_ptr,
     N, C, D, col_start, stride_hn, stride_hk, stride_wv, stride_wk, stride_d,
     HAS_BIAS: tl.constexpr, SCALE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_GH: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
@@ -94,22 +95,22 @@ def head_grad_kernel(
     if PERSISTENT:
         tiles_m = tl.cdiv(N, BLOCK_M)
         for tile in tl.range(tl.program_id(0), tiles_m * tl.cdiv(C, BLOCK_N), tl.num_programs(0), flatten=True):
-            grad_tile(tile % tiles_m, tile // tiles_m, h_src, w_src, b_ptr, tgt_ptr, inv_t_ptr, lse_ptr, ez_ptr,
+            grad_tile(tile % tiles_m, tile // tiles_m, h_src, w_src, b_ptr, tgt_ptr, inv_t_ptr, lse_ptr, elp_ptr,
                       glp_ptr, gh_ptr, d_ptr, N, C, D, col_start, stride_hn, stride_hk, stride_wv, stride_wk,
                       stride_d, HAS_BIAS, SCALE, HAS_SOFTCAP, SOFTCAP, HAS_GH, UPCAST, PRECISION, TMA, BLOCK_M,
                       BLOCK_N, BLOCK_K)
     else:
-        grad_tile(tl.program_id(0), tl.program_id(1), h_src, w_src, b_ptr, tgt_ptr, inv_t_ptr, lse_ptr, ez_ptr,
+        grad_tile(tl.program_id(0), tl.program_id(1), h_src, w_src, b_ptr, tgt_ptr, inv_t_ptr, lse_ptr, elp_ptr,
                   glp_ptr, gh_ptr, d_ptr, N, C, D, col_start, stride_hn, stride_hk, stride_wv, stride_wk, stride_d,
                   HAS_BIAS, SCALE, HAS_SOFTCAP, SOFTCAP, HAS_GH, UPCAST, PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
-def launch_head_grad(h, w, b, tgt, inv_t, lse, ez, g_lp, g_h, d, *, col_start, scale, softcap, upcast, precision,
+def launch_head_grad(h, w, b, tgt, inv_t, lse, elp, g_lp, g_h, d, *, col_start, scale, softcap, upcast, precision,
                      config, programs=None):
     """d [n, c] (unit column stride, written) <- d(raw) of h [n, D] against the block's weight rows
     w = W[col_start : col_start + c] (any strides; TMA configs: `tma.tma_ready(h, w)`); b the full [V] bias or
-    None; tgt int32 [n] global ids (-1 ignored); inv_t, lse, ez, g_lp fp32 [n]; g_h fp32 [n] or None (no entropy
-    gradient); `config` from `grad_config`; `programs` the persistent grid's size (the SM count)."""
+    None; tgt int32 [n] global ids (-1 ignored); inv_t, lse, elp (E_p z - lse), g_lp fp32 [n]; g_h fp32 [n] or
+    None (no entropy gradient); `config` from `grad_config`; `programs` the persistent grid's size (the SM count)."""
     n, c = d.shape
     D = h.shape[1]
     tiles = (triton.cdiv(n, config["BLOCK_M"]), triton.cdiv(c, config["BLOCK_N"]))
@@ -121,7 +122,7 @@ def launch_head_grad(h, w, b, tgt, inv_t, lse, ez, g_lp, g_h, d, *, col_start, s
         grid = tiles
     with on_device_of(d):
         head_grad_kernel[grid](
-            *dot_operands(h, w, config), b if b is not None else lse, tgt, inv_t, lse, ez, g_lp,
+            *dot_operands(h, w, config), b if b is not None else lse, tgt, inv_t, lse, elp, g_lp,
             g_h if g_h is not None else g_lp, d, n, c, D, col_start, h.stride(0), h.stride(1), w.stride(0), w.stride(1),
             d.stride(0), HAS_BIAS=b is not None, SCALE=scale, HAS_SOFTCAP=softcap is not None,
             SOFTCAP=1.0 if softcap is None else softcap, HAS_GH=g_h is not None, UPCAST=upcast, PRECISION=precision,

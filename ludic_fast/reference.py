@@ -2,7 +2,8 @@
 
 Every op and loss of ludic_fast is tested against the functions and classes here. Nothing is chunked or
 fused; clarity over speed. Logits are computed in float32 (float64 when an input is float64, for
-finite-difference checks).
+finite-difference checks); log-softmax and entropy are taken from them in float64 (`token_entropy`: exact
+for confident tokens and for masked columns of logit -inf) and returned as float32 (float64 for float64).
 
 Head:   z = softcap(logit_scale * (h W^T + b)) / T,   softcap(x) = c * tanh(x / c)
         logprob_t = z_{t, y_t} - logsumexp(z_t),       H_t = -sum_v p_{t,v} log p_{t,v}
@@ -54,16 +55,31 @@ def logprobs_from_logits(
     logits: Tensor, targets: Tensor, *, entropy: bool = True, ignore_index: int = -100
 ) -> HeadOutput:
     """Per-token log p(target), entropy and logsumexp from materialised logits `[..., V]`."""
-    logits = logits if logits.dtype == torch.float64 else logits.float()
-    logp = torch.log_softmax(logits, dim=-1)
+    out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    logp = torch.log_softmax(logits.double(), dim=-1)
     valid = targets != ignore_index
     safe_targets = torch.where(valid, targets, torch.zeros_like(targets))
-    lp = logp.gather(-1, safe_targets.unsqueeze(-1).long()).squeeze(-1) * valid
+    zero = torch.zeros((), dtype=torch.float64, device=logits.device)
+    lp = torch.where(valid, logp.gather(-1, safe_targets.unsqueeze(-1).long()).squeeze(-1), zero).to(out_dtype)
     ent = None
     if entropy:
-        ent = -(logp.exp() * logp).sum(-1) * valid
-    lse = torch.logsumexp(logits, dim=-1).detach()
+        ent = torch.where(valid, _entropy_from_logp(logp), zero).to(out_dtype)
+    lse = torch.logsumexp(logits.double(), dim=-1).to(out_dtype).detach()
     return HeadOutput(lp, ent, lse)
+
+
+def _entropy_from_logp(logp: Tensor) -> Tensor:
+    """H = -sum_v p_v log p_v over the last dim, with 0 log 0 = 0 (value and gradient) for p_v = 0."""
+    p = logp.exp()
+    safe_logp = torch.where(p > 0, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+    return -(p * safe_logp).sum(-1)
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) over the last dim: float64 log-softmax (shifted by the row maximum, so a
+    confident token keeps its relative precision), 0 log 0 = 0; float32 out (float64 for float64 logits)."""
+    out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return _entropy_from_logp(torch.log_softmax(logits.double(), dim=-1)).to(out_dtype)
 
 
 def linear_logprobs(
@@ -126,8 +142,7 @@ def compute_token_logp(logits: Tensor, input_ids: Tensor) -> Tensor:
 
 def compute_token_entropy(logits: Tensor) -> Tensor:
     """H[b, j] = entropy of softmax(z[b, j]) at the shifted positions, shape [B, T-1]."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    return token_entropy(logits[:, :-1])
 
 
 def compute_logp_action(
@@ -474,8 +489,7 @@ class EntropyBonus(_LudicLoss):
             ent = compute_token_entropy(logits)
             mask = batch["action_mask"][:, 1:].to(ent.dtype)
         else:
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            ent = -(logp.exp() * logp).sum(-1)
+            ent = token_entropy(logits)
             mask = batch["action_mask"].to(ent.dtype)
         if self.shifted:
             mean_h = _aggregate(ent * mask, _Shifted(logits, batch), "token_mean", None, None)
@@ -774,6 +788,7 @@ __all__ = [
     "linear_cross_entropy",
     "compute_token_logp",
     "compute_token_entropy",
+    "token_entropy",
     "compute_logp_action",
     "ReinforceLoss",
     "ReinforceBaselineLoss",

@@ -42,7 +42,7 @@ from torch import Tensor
 from ludic_fast._common import autocast_as_matmul
 from ludic_fast.ops.budget import env_chunk_elements
 from ludic_fast.ops.plan import HeadPlan, plan_head, strategy_requested
-from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform
+from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform, RowStats, finite_or_zero, stats_from_sums
 
 #: objective(lp, H or None, rows or None) -> scalar loss; `rows` selects the chunk (None: all tokens).
 Objective = Callable[[Tensor, Tensor | None, slice | None], Tensor]
@@ -69,42 +69,42 @@ class FusedPlan:
 class _RowEpilogue:
     """In-place epilogue on a chunk z [n, V] of final logits with whole vocabulary rows: one exp per logit.
 
-    `stats()`: lse, E_p z (0 unless keep_logits), z_y; unless `keep_logits` z is left holding
-    e = exp(z - max), so `grad_()` (no softcap) turns it into
-    d(raw) = [g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z)] * row_scale, row_scale = logit_scale / T, with a
-    single multiply. (Row blocks sized to stay in cache were slower here: on a loaded 2-core machine the
-    per-op overhead of thousands of small ops outweighs the saved memory traffic.)
+    `stats()`: the `RowStats` of the rows (`torch_head`: sums relative to the row maximum m). By `mode`, z is
+    left holding e = exp(z - m) ('exp': no entropy, no softcap), z - m ('relative': entropy, no softcap) or
+    itself ('keep': a softcap, whose chain factor `ChunkedHead.grad_raw_` reads from z). Without a softcap
+    `grad_()` then turns z into d(raw) = [g_lp (1[j=y] - p_j) - g_H p_j (log p_j - elp)] * row_scale,
+    row_scale = logit_scale / T, in place. (Row blocks sized to stay in cache were slower here: on a loaded
+    2-core machine the per-op overhead of thousands of small ops outweighs the saved memory traffic.)
     """
 
-    def __init__(self, z: Tensor, targets: Tensor, keep_logits: bool):
-        self.z, self.tgt, self.keep = z, targets[:, None], keep_logits
+    def __init__(self, z: Tensor, targets: Tensor, mode: str, head: ChunkedHead):
+        self.z, self.tgt, self.mode, self.head = z, targets[:, None], mode, head
         self.s: Tensor | None = None  # row sums of e while z holds e
+        self.m: Tensor | None = None  # row maxima (as shifts) once `stats()` ran
 
-    def stats(self) -> tuple[Tensor, Tensor, Tensor]:
+    def stats(self) -> RowStats:
         z = self.z
         zy = z.gather(1, self.tgt).squeeze(1)
-        m = z.amax(1)
-        if self.keep:
-            e = z.sub(m[:, None]).exp_()
-            s = e.sum(1)
-            ez = torch.linalg.vecdot(e, z) / s
-        else:
-            s = z.sub_(m[:, None]).exp_().sum(1)
-            ez = torch.zeros_like(s)
-            self.s = s
-        return m + torch.log(s), ez, zy
+        m, arg = z.max(1)
+        self.m = shift = finite_or_zero(m)
+        if self.mode == "exp":
+            self.s = s = z.sub_(shift[:, None]).exp_().sum(1)
+            return stats_from_sums(m, s - 1.0, s, zy, with_entropy=False)
+        rel = self.head.floor_(z.sub_(shift[:, None]) if self.mode == "relative" else z.sub(shift[:, None]))
+        e = rel.exp().scatter_(1, arg[:, None], 0.0)  # the tail: the maximum's own e^0 = 1 left out
+        return stats_from_sums(m, e.sum(1), torch.linalg.vecdot(e, rel), zy, with_entropy=True)
 
-    def grad_(self, lse: Tensor, ez: Tensor, g_lp: Tensor, g_H: Tensor | None, row_scale: Tensor) -> Tensor:
+    def grad_(self, lse: Tensor, elp: Tensor, g_lp: Tensor, g_H: Tensor | None, row_scale: Tensor) -> Tensor:
         z = self.z
-        if g_H is None:
-            coef = -g_lp * row_scale
-            if self.s is not None:  # z holds e = p * s
-                z.mul_((coef / self.s)[:, None])
+        if self.s is not None:  # z holds e = p * s
+            z.mul_((-g_lp * row_scale / self.s)[:, None])
+        else:  # z holds z - m, or z itself when `stats()` did not run (the second pass of a coupled loss)
+            log_p = self.head.floor_(z.sub_((lse if self.m is None else lse - self.m)[:, None]))
+            if g_H is None:
+                log_p.exp_().mul_((-g_lp * row_scale)[:, None])
             else:
-                z.sub_(lse[:, None]).exp_().mul_(coef[:, None])
-        else:
-            p = z.sub(lse[:, None]).exp_()
-            z.sub_(ez[:, None]).mul_(-g_H[:, None]).sub_(g_lp[:, None]).mul_(p).mul_(row_scale[:, None])
+                p = log_p.exp()
+                log_p.sub_(elp[:, None]).mul_(-g_H[:, None]).sub_(g_lp[:, None]).mul_(p).mul_(row_scale[:, None])
         return z.scatter_add_(1, self.tgt, (g_lp * row_scale)[:, None])
 
 
@@ -116,17 +116,18 @@ class _TorchRows:
         self.h_c = head.h_rows(rows)
         self.softcap = plan.transform.softcap is not None
         self.z = head.logits(self.h_c, rows, self.cols)
-        self.epi = _RowEpilogue(self.z, head.targets[rows], keep_logits=plan.with_entropy or self.softcap)
+        mode = "keep" if self.softcap else "relative" if plan.with_entropy else "exp"
+        self.epi = _RowEpilogue(self.z, head.targets[rows], mode, head)
 
-    def stats(self) -> tuple[Tensor, Tensor, Tensor]:
+    def stats(self) -> RowStats:
         return self.epi.stats()
 
-    def backward_(self, lse, ez, g_lp, g_H, dh, dW, db) -> None:
+    def backward_(self, lse, elp, g_lp, g_H, dh, dW, db) -> None:
         if self.softcap:  # the softcap chain factor needs the final logits: ChunkedHead's general form
-            d_raw = self.head.grad_raw_(self.z, self.rows, self.cols, lse, ez, g_lp, g_H)
+            d_raw = self.head.grad_raw_(self.z, self.rows, self.cols, lse, elp, g_lp, g_H)
         else:
             t = self.plan.transform
-            d_raw = self.epi.grad_(lse, ez, g_lp, g_H, t.inv_temperature[self.rows].to(lse.dtype) * t.logit_scale)
+            d_raw = self.epi.grad_(lse, elp, g_lp, g_H, t.inv_temperature[self.rows].to(lse.dtype) * t.logit_scale)
         self.head.accumulate_(d_raw, self.h_c, self.rows, self.cols, dh, dW, db)
 
 
@@ -137,13 +138,13 @@ class _TorchSlices:
         self.head, self.plan, self.rows = head, plan, rows
         self.h_c = head.h_rows(rows)
 
-    def stats(self) -> tuple[Tensor, Tensor, Tensor]:
+    def stats(self) -> RowStats:
         return self.head.stats(self.h_c, self.rows, self.plan.with_entropy)
 
-    def backward_(self, lse, ez, g_lp, g_H, dh, dW, db) -> None:
+    def backward_(self, lse, elp, g_lp, g_H, dh, dW, db) -> None:
         for cols in self.head.col_slices():
             z = self.head.logits(self.h_c, self.rows, cols)
-            d_raw = self.head.grad_raw_(z, self.rows, cols, lse, ez, g_lp, g_H)
+            d_raw = self.head.grad_raw_(z, self.rows, cols, lse, elp, g_lp, g_H)
             self.head.accumulate_(d_raw, self.h_c, self.rows, cols, dh, dW, db)
 
 
@@ -166,18 +167,19 @@ class _TritonRows:
         self.kw = {"bias": head.bias, "logit_scale": t.logit_scale, "softcap": t.softcap, "ignore_index": -100}
         self.tgt, self.inv_t = head.targets[rows], t.inv_temperature[rows]
 
-    def stats(self) -> tuple[Tensor, Tensor, Tensor]:
+    def stats(self) -> RowStats:
         from ludic_fast.ops.triton_head import workspace_head_rows_
 
-        return workspace_head_rows_(self.ws, self.tgt, self.inv_t, entropy=self.plan.with_entropy, **self.kw)
+        return RowStats(*workspace_head_rows_(self.ws, self.tgt, self.inv_t, entropy=self.plan.with_entropy,
+                                              **self.kw))
 
-    def backward_(self, lse, ez, g_lp, g_H, dh, dW, db) -> None:
+    def backward_(self, lse, elp, g_lp, g_H, dh, dW, db) -> None:
         """dW is the stage's (the argument is the same buffer)."""
         from ludic_fast.ops.triton_head import gemm_into, operand_view, workspace_head_rows_
 
         d = self.stage.out(self.rows)
         d = operand_view(self.ws, self.h_c.dtype) if d is None else d
-        workspace_head_rows_(self.ws, self.tgt, self.inv_t, entropy=g_H is not None, lse=lse, ez=ez, g_lp=g_lp,
+        workspace_head_rows_(self.ws, self.tgt, self.inv_t, entropy=g_H is not None, lse=lse, elp=elp, g_lp=g_lp,
                              g_H=g_H, out=d, **self.kw)
         if db is not None:
             db += d.sum(0, dtype=torch.float32)
@@ -201,19 +203,19 @@ class _TritonDotRows:
         self.tgt = kernel_targets(head.targets[rows], -100)
         self.inv_t = plan.transform.inv_temperature[rows].to(torch.float32).contiguous()
 
-    def stats(self) -> tuple[Tensor, Tensor, Tensor]:
+    def stats(self) -> RowStats:
         from ludic_fast.ops.triton_head import fused_stats
 
-        lse, ez, lp, _ = fused_stats(self.h_c, self.w, self.head.bias, self.tgt, self.inv_t, self.cfg,
-                                     self.plan.with_entropy)
-        return lse, ez, lp + lse  # z_y (lp is 0 on ignored rows, which the caller masks)
+        lse, elp, lp, ent = fused_stats(self.h_c, self.w, self.head.bias, self.tgt, self.inv_t, self.cfg,
+                                        self.plan.with_entropy)
+        return RowStats(lse, elp, lp + lse, ent)  # z_y (lp is 0 on ignored rows, which the caller masks)
 
-    def backward_(self, lse, ez, g_lp, g_H, dh, dW, db) -> None:
+    def backward_(self, lse, elp, g_lp, g_H, dh, dW, db) -> None:
         """dW is the stage's (the argument is the same buffer)."""
         from ludic_fast.ops.triton_head import gemm_into, grad_launch, launch_head_grad
 
         cfg = self.cfg
-        launch_head_grad(self.h_c, self.w, self.head.bias, self.tgt, self.inv_t, lse, ez, g_lp, g_H, self.d,
+        launch_head_grad(self.h_c, self.w, self.head.bias, self.tgt, self.inv_t, lse, elp, g_lp, g_H, self.d,
                          col_start=0, scale=cfg.scale, softcap=cfg.softcap, upcast=cfg.upcast,
                          precision=cfg.precision, **grad_launch(self.h_c, self.w, cfg.tma))
         if db is not None:
@@ -300,7 +302,7 @@ class FusedLossFunction(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         acc = {"device": hidden.device, "dtype": head.acc}
         n, V = head.N, head.V
-        lp, lse, ez = (torch.zeros(n, **acc) for _ in range(3))
+        lp, lse, elp = (torch.zeros(n, **acc) for _ in range(3))
         H = torch.zeros(n, **acc) if plan.with_entropy else None
         if head.v_chunk < V:
             chunk_cls = _TorchSlices
@@ -340,11 +342,12 @@ class FusedLossFunction(torch.autograd.Function):
 
         valid = head.valid.to(head.acc)  # rows whose target is ignore_index (-100): lp = H = 0, no gradient
 
-        def set_stats(rows: slice, stats: tuple[Tensor, Tensor, Tensor]) -> None:
-            lse[rows], ez[rows] = stats[0], stats[1]
-            lp[rows] = (stats[2] - stats[0]) * valid[rows]
+        def set_stats(rows: slice, stats: RowStats) -> None:
+            lse[rows], elp[rows] = stats.lse, stats.elp
+            ok = head.valid[rows]
+            lp[rows] = torch.where(ok, stats.zy - stats.lse, 0.0)
             if H is not None:
-                H[rows] = (stats[0] - stats[1]) * valid[rows]
+                H[rows] = torch.where(ok, stats.entropy, 0.0)
 
         two_pass = plan.coupled and group_chunks is None
         if two_pass:  # pass 1: statistics of every token, then all per-token gradients at once
@@ -360,7 +363,7 @@ class FusedLossFunction(torch.autograd.Function):
                 g_lp_c, g_H_c = _token_grads(plan.objective, lp[rows], None if H is None else H[rows], rows)
             g_lp_c = g_lp_c * valid[rows]
             g_H_c = None if g_H_c is None else g_H_c * valid[rows]
-            chunk.backward_(lse[rows], ez[rows], g_lp_c, g_H_c, dh, dW, db)
+            chunk.backward_(lse[rows], elp[rows], g_lp_c, g_H_c, dh, dW, db)
             del chunk
         loss = _value(plan.objective, lp, H)
         ctx.save_for_backward(dh if need_h else None, dW, db)

@@ -4,12 +4,21 @@ Rows (tokens) are processed in chunks of `n` tokens, vocabulary columns in slice
 `n * v` bounded by a memory budget, so no `[N, V]` tensor is ever allocated. Per chunk:
 
     z = softcap(logit_scale * (h W^T + b)) / T          (float32)
-    online over slices:  m = max z,  s = sum e^{z-m},  t = sum e^{z-m} z
-    lse = m + log s,  E_p z = t / s,  H = lse - E_p z,  logprob = z_y - lse
+    online over slices:  m = max z,  s = 1 + tail,  tail = sum_{j != argmax} e^{z_j-m},  t = sum e^{z-m} (z-m)
+                         (when m moves to m': tail <- (1 + tail) e^{m-m'} (the old maximum joins the tail),
+                          t <- (t + s (m-m')) e^{m-m'})
+    log s = log1p(tail),  lse = m + log s,  H = log s - t / s,  logprob = z_y - lse,  elp = (m - lse) + t / s
 
-Backward for per-token upstream gradients (g_lp, g_H), p = e^{z - lse}:
+Every sum is relative to the running maximum and the maximum's own e^0 = 1 is kept out of the tail, so the
+entropy of a confident token (H << 1, tail << 1, next to logits of size |m|) carries a relative error, not
+one rounding step of m (as `lse - E_p z` would) nor of 1 (as log(1 + tail) in fp32 would). `elp` is E_p log p
+taken against the stored (rounded) lse, so that log p_j - elp = z_j - E_p z exactly for that lse. Logits of -inf
+(a bias of -inf: masked vocabulary) have p = 0 and add 0 to every sum and gradient (relative logits are
+floored at REL_LOGIT_FLOOR, below which e^x is 0 in fp32 and fp64).
 
-    dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z)
+Backward for per-token upstream gradients (g_lp, g_H), log p = z - lse:
+
+    dz_j = g_lp (1[j=y] - p_j) - g_H p_j (log p_j - elp)
     d(raw)_j = dz_j / T * (1 - tanh^2) * logit_scale,   dh = d(raw) W,  dW = d(raw)^T h,  db = sum d(raw)
 
 The chunk sizes come from `ludic_fast.ops.plan` (on the CPU: the element rule of `ludic_fast.ops.budget`,
@@ -22,6 +31,7 @@ d(raw) rounded to the input dtype with fp32 accumulation: the precision of the t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -29,6 +39,10 @@ from torch import Tensor
 from ludic_fast._common import per_token_temperature
 from ludic_fast.ops.budget import chunk_plan
 from ludic_fast.ops.plan import plan_head
+
+#: relative logits (z - max z, z - lse) are clamped here: e^x is exactly 0 below it in fp32 and fp64, so the
+#: clamp changes no probability and makes 0 * (-inf) = 0 for logits of -inf
+REL_LOGIT_FLOOR = -2048.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,36 @@ def torch_blocks(
     ).blocks
 
 
+class RowStats(NamedTuple):
+    """Per-row statistics of the final logits (float32, or float64 for float64 inputs); see the module
+    docstring. `elp` and `entropy` are zeros when entropy was not asked for."""
+
+    lse: Tensor  # log sum_j e^{z_j}
+    elp: Tensor  # E_p z - lse for this (rounded) lse: E_p log p
+    zy: Tensor  # the target's logit z_y
+    entropy: Tensor  # H = log s - t / s, computed relative to the row maximum
+
+
+def finite_or_zero(m: Tensor) -> Tensor:
+    """The row maxima as shifts: -inf (a row with no finite logit yet) becomes 0, so z - shift stays -inf."""
+    return torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+
+
+def stats_from_sums(
+    m: Tensor, tail: Tensor, t: Tensor, zy: Tensor, with_entropy: bool, top: Tensor | None = None
+) -> RowStats:
+    """`RowStats` from per-row sums relative to the row maximum m: `top` logits (default 1) equal to m count
+    e^0 = 1 each, `tail` = sum e^{z-m} over the others, t = sum e^{z-m} (z-m); s = top + tail and
+    log s = log(top) + log1p(tail / top) (a small tail keeps its precision)."""
+    log_s = torch.log1p(tail) if top is None else torch.log(top) + torch.log1p(tail / top)
+    lse = m + log_s
+    if not with_entropy:
+        zeros = torch.zeros_like(lse)
+        return RowStats(lse, zeros, zy, zeros)
+    e_rel = t / ((1.0 if top is None else top) + tail)  # E_p (z - m) <= 0
+    return RowStats(lse, (m - lse) + e_rel, zy, log_s - e_rel)
+
+
 class ChunkedHead:
     """Shared state of one head call: flattened inputs, transform, chunk blocks.
 
@@ -109,6 +153,7 @@ class ChunkedHead:
         self.hidden = hidden
         self.weight = weight
         self.bias = None if bias is None else bias.to(self.acc)
+        self.may_mask = bias is not None  # a bias of -inf masks columns: relative logits get floored
         self.transform = transform
         self.valid = targets != ignore_index
         self.targets = torch.where(self.valid, targets, torch.zeros_like(targets)).long()
@@ -144,40 +189,47 @@ class ChunkedHead:
         here = (tgt >= cols.start) & (tgt < cols.stop)
         return (tgt - cols.start).clamp_(0, cols.stop - cols.start - 1), here
 
-    def stats(self, h_c: Tensor, rows: slice, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """(lse, E_p z or None-as-zeros, target logit) of a row chunk, online over vocab slices."""
+    def floor_(self, rel: Tensor) -> Tensor:
+        """Relative logits (<= 0) clamped at REL_LOGIT_FLOOR in place when -inf logits are possible."""
+        return rel.clamp_(min=REL_LOGIT_FLOOR) if self.may_mask else rel
+
+    def stats(self, h_c: Tensor, rows: slice, with_entropy: bool) -> RowStats:
+        """`RowStats` of a row chunk, online over vocab slices with sums relative to the running maximum."""
         n = rows.stop - rows.start
         dev = h_c.device
         m = torch.full((n,), float("-inf"), device=dev, dtype=self.acc)
-        s = torch.zeros(n, device=dev, dtype=self.acc)
-        t = torch.zeros(n, device=dev, dtype=self.acc)
-        zy = torch.zeros(n, device=dev, dtype=self.acc)
+        tail, t, zy = (torch.zeros(n, device=dev, dtype=self.acc) for _ in range(3))
         for cols in self.col_slices():
             z = self.logits(h_c, rows, cols)
             local, here = self.target_in(rows, cols)
             zy = torch.where(here, z.gather(1, local[:, None]).squeeze(1), zy)
-            m_new = torch.maximum(m, z.amax(1))
-            keep = torch.exp(m - m_new)
-            e = z.sub(m_new[:, None]).exp_()
-            s = s * keep + e.sum(1)
+            tile_max, arg = z.max(1)
+            new = tile_max > m  # the row maximum moves into this slice, to its column `arg`
+            m_new = torch.where(new, tile_max, m)
+            shift = finite_or_zero(m_new)
+            rel = self.floor_(z.sub_(shift[:, None]))
+            e = rel.exp()
+            e.scatter_(1, arg[:, None], torch.where(new, 0.0, e.gather(1, arg[:, None]).squeeze(1))[:, None])
+            keep = torch.exp(m - shift)
             if with_entropy:
-                t = t * keep + torch.linalg.vecdot(e, z)
+                moved = torch.where(torch.isneginf(m), 0.0, (1.0 + tail) * (m - shift))
+                t = (t + moved) * keep + torch.linalg.vecdot(e, rel)
+            tail = torch.where(new, 1.0 + tail, tail) * keep + e.sum(1)
             m = m_new
-        lse = m + torch.log(s)
-        ez = t / s if with_entropy else t
-        return lse, ez, zy
+        return stats_from_sums(m, tail, t, zy, with_entropy)
 
     def grad_raw_(
-        self, z: Tensor, rows: slice, cols: slice, lse: Tensor, ez: Tensor, g_lp: Tensor, g_H: Tensor | None
+        self, z: Tensor, rows: slice, cols: slice, lse: Tensor, elp: Tensor, g_lp: Tensor, g_H: Tensor | None
     ) -> Tensor:
         """Overwrite the final-logits chunk `z` with dL/d(raw logits) for upstream (g_lp, g_H)."""
         factor = self.transform.chain_factor(z, rows)
         tgt_local, here = self.target_in(rows, cols)
+        log_p = self.floor_(z.sub_(lse[:, None]))
         if g_H is None:
-            dz = z.sub_(lse[:, None]).exp_().mul_(-g_lp[:, None])
+            dz = log_p.exp_().mul_(-g_lp[:, None])
         else:
-            p = z.sub(lse[:, None]).exp_()
-            dz = z.sub_(ez[:, None]).mul_(-g_H[:, None]).sub_(g_lp[:, None]).mul_(p)
+            p = log_p.exp()
+            dz = log_p.sub_(elp[:, None]).mul_(-g_H[:, None]).sub_(g_lp[:, None]).mul_(p)
         dz.scatter_add_(1, tgt_local[:, None], (g_lp * here)[:, None])
         return self.transform.backprop_(dz, factor, rows)
 
@@ -235,24 +287,25 @@ def addmm_acc_(acc: Tensor, a: Tensor, b: Tensor, beta: float = 1.0) -> None:
 
 
 class LinearLogprobsFunction(torch.autograd.Function):
-    """Generic mode: forward saves (lse, E_p z); backward recomputes logits chunk by chunk (8NDV total).
+    """Generic mode: forward saves (lse, elp); backward recomputes logits chunk by chunk (8NDV total).
     `head_args = (transform, chunks, ignore_index)`, `chunks` as `ChunkedHead` takes it."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, head_args, with_entropy, merge_stats=None):  # type: ignore[override]
-        """`merge_stats(lse, E_p z, z_y) -> (lse, E_p z, z_y)` combines partial statistics of a vocabulary
-        shard into those of the whole vocabulary (vocab-parallel); None for an unsharded weight."""
+        """`merge_stats(RowStats) -> RowStats` combines the statistics of a vocabulary shard into those of the
+        whole vocabulary (vocab-parallel); None for an unsharded weight."""
         transform, chunks, ignore_index = head_args
         head = ChunkedHead(hidden, weight, bias, targets, transform, chunks, ignore_index)
-        lse, ez, zy = (torch.empty(head.N, device=hidden.device, dtype=head.acc) for _ in range(3))
-        for rows in head.row_chunks():
-            lse[rows], ez[rows], zy[rows] = head.stats(head.h_rows(rows), rows, with_entropy)
+        parts = [head.stats(head.h_rows(rows), rows, with_entropy) for rows in head.row_chunks()]
+        empty = torch.empty(0, device=hidden.device, dtype=head.acc)
+        stats = RowStats(*(torch.cat(x) if x else empty for x in zip(*parts))) if parts else RowStats(*[empty] * 4)
         if merge_stats is not None:
-            lse, ez, zy = merge_stats(lse, ez, zy)
-        valid = head.valid.to(head.acc)
-        logprobs = (zy - lse) * valid
-        entropy = (lse - ez) * valid if with_entropy else torch.zeros_like(lse)
-        ctx.save_for_backward(hidden, weight, bias, targets, lse, ez)
+            stats = merge_stats(stats)
+        lse, elp = stats.lse, stats.elp
+        zero = torch.zeros_like(lse)
+        logprobs = torch.where(head.valid, stats.zy - lse, zero)
+        entropy = torch.where(head.valid, stats.entropy, zero) if with_entropy else zero
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, elp)
         ctx.head_args = head_args
         ctx.with_entropy = with_entropy
         ctx.mark_non_differentiable(lse)
@@ -260,7 +313,7 @@ class LinearLogprobsFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_lp, g_H, _g_lse):  # type: ignore[override]
-        hidden, weight, bias, targets, lse, ez = ctx.saved_tensors
+        hidden, weight, bias, targets, lse, elp = ctx.saved_tensors
         transform, chunks, ignore_index = ctx.head_args
         head = ChunkedHead(hidden, weight, bias, targets, transform, chunks, ignore_index)
         valid = head.valid.to(head.acc)
@@ -276,7 +329,7 @@ class LinearLogprobsFunction(torch.autograd.Function):
             for cols in head.col_slices():
                 z = head.logits(h_c, rows, cols)
                 d_raw = head.grad_raw_(
-                    z, rows, cols, lse[rows], ez[rows], g_lp[rows], None if g_H is None else g_H[rows]
+                    z, rows, cols, lse[rows], elp[rows], g_lp[rows], None if g_H is None else g_H[rows]
                 )
                 head.accumulate_(d_raw, h_c, rows, cols, dh, dW, db)
         return (

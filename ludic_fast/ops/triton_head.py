@@ -1,9 +1,9 @@
 """The `triton` backend of the head: autograd glue and strategy dispatch around `ludic_fast.kernels`.
 
-Math (see `ludic_fast.ops`): z = softcap(logit_scale (h W^T + b)) / T; per token lse, E_p z, logprob
-z_y - lse and entropy lse - E_p z (fp32); backward for any per-token (g_lp, g_H):
-dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z), chain rule to raw logits, then dh = draw W,
-dW = draw^T h, db = sum_rows draw, accumulated in fp32.
+Math (see `ludic_fast.ops` and `ludic_fast.ops.torch_head`): z = softcap(logit_scale (h W^T + b)) / T; per
+token lse, elp = E_p z - lse, logprob z_y - lse and entropy H (fp32, online sums relative to the row maximum);
+backward for any per-token (g_lp, g_H): dz_j = g_lp (1[j=y] - p_j) - g_H p_j (log p_j - elp), chain rule to
+raw logits, then dh = draw W, dW = draw^T h, db = sum_rows draw, accumulated in fp32.
 
 Two strategies, same numbers:
   workspace  forward: a cuBLAS GEMM writes a bounded fp32 chunk of raw logits (whole vocabulary rows); the
@@ -136,7 +136,7 @@ def workspace_head_rows_(
     ignore_index: int = -100,
     col_start: int = 0,
     lse: Tensor | None = None,
-    ez: Tensor | None = None,
+    elp: Tensor | None = None,
     g_lp: Tensor | None = None,
     g_H: Tensor | None = None,
     out: Tensor | None = None,
@@ -148,25 +148,26 @@ def workspace_head_rows_(
     inv_temperature [n] (1/T per token, any float dtype), bias: the full [V] bias or None. With
     z = softcap(logit_scale (ws + b)) * inv_temperature:
 
-    * `lse`/`ez` None: computes, per row, lse = log sum_j e^{z_j}, ez = E_p z (0 unless `entropy`) and the
-      target logit z_y (0 at ignored rows); needs whole vocabulary rows (col_start = 0, c = V). Returns
-      (lse, ez, z_y) fp32 [n] — the same triple as `ChunkedHead.stats` — so logprob = z_y - lse and
-      entropy = lse - ez.
+    * `lse`/`elp` None: computes, per row, lse = log sum_j e^{z_j}, elp = E_p z - lse and the entropy H (0
+      unless `entropy`) and the target logit z_y (0 at ignored rows); needs whole vocabulary rows
+      (col_start = 0, c = V). Returns (lse, elp, z_y, H) fp32 [n] — the fields of `torch_head.RowStats`, as
+      `ChunkedHead.stats` — so logprob = z_y - lse.
     * `g_lp` given (fp32-castable [n]; `g_H` too, or None for no entropy gradient): writes
-      d(raw)_j = [g_lp (1[j=y] - p_j) - g_H p_j (z_j - ez)] * inv_T * logit_scale * (1 - tanh^2), p = e^{z - lse},
+      d(raw)_j = [g_lp (1[j=y] - p_j) - g_H p_j (log p_j - elp)] * inv_T * logit_scale * (1 - tanh^2),
+      log p = z - lse,
       into `out` (default: ws in place; else [n, c] in any float dtype, e.g. `operand_view(ws, torch.bfloat16)`
-      so the gradient GEMMs read bf16 with no conversion pass), using the given lse/ez (any column slice) or
+      so the gradient GEMMs read bf16 with no conversion pass), using the given lse/elp (any column slice) or
       the ones just computed (one call for stats and gradient). Ignored rows get a zero gradient. Then
-      `dh = out @ W[cols]`, `dW[cols] = out.T @ h`, `db = out.sum(0)`. Returns (lse, ez, None) when lse/ez
-      were given.
+      `dh = out @ W[cols]`, `dW[cols] = out.T @ h`, `db = out.sum(0)`. Returns (lse, elp, None, None) when
+      lse/elp were given.
     """
     n, c = ws.shape
     if ws.stride(1) != 1:
         raise ValueError("ws must have unit column stride")
     if g_lp is None and g_H is not None:
         raise ValueError("g_H needs g_lp (pass zeros for no logprob gradient)")
-    if (lse is None) != (ez is None):
-        raise ValueError("lse and ez must be given together")
+    if (lse is None) != (elp is None):
+        raise ValueError("lse and elp must be given together")
     out = ws if out is None else out
     if out.shape != ws.shape or out.stride(1) != 1:
         raise ValueError(f"out must be [n, c] = {tuple(ws.shape)} with unit column stride, got {tuple(out.shape)}")
@@ -178,16 +179,16 @@ def workspace_head_rows_(
     tgt = kernel_targets(targets.reshape(n), ignore_index)
     inv_t = inv_temperature.to(torch.float32).reshape(n).contiguous()
     if stats:
-        lse, ez, zy = (torch.empty(n, **f32) for _ in range(3))
+        lse, elp, zy, ent = (torch.empty(n, **f32) for _ in range(4))
     else:
-        lse, ez, zy = lse.to(torch.float32).contiguous(), ez.to(torch.float32).contiguous(), None
+        lse, elp, zy, ent = lse.to(torch.float32).contiguous(), elp.to(torch.float32).contiguous(), None, None
     if n:
         launch_head_rows(
-            ws, bias, tgt, inv_t, lse, ez, zy, _upstream(g_lp, n), _upstream(g_H, n),
+            ws, bias, tgt, inv_t, lse, elp, zy, _upstream(g_lp, n), _upstream(g_H, n),
             col_start=int(col_start), scale=float(logit_scale), softcap=None if softcap is None else float(softcap),
-            entropy=entropy, stats=stats, d=out,
+            entropy=entropy, stats=stats, d=out, ent=ent,
         )
-    return lse, ez, zy
+    return lse, elp, zy, ent
 
 
 def _check_alias(ws: Tensor, out: Tensor) -> None:
@@ -231,20 +232,20 @@ class _HeadFunctionBase(torch.autograd.Function):
 
     @classmethod
     def forward(cls, ctx, h, w, b, tgt, inv_t, cfg: KernelConfig, with_entropy: bool):  # type: ignore[override]
-        lse, ez, lp, ent = cls._stats(h, w, b, tgt, inv_t, cfg, with_entropy)
-        ctx.save_for_backward(h, w, b, tgt, inv_t, lse, ez)
+        lse, elp, lp, ent = cls._stats(h, w, b, tgt, inv_t, cfg, with_entropy)
+        ctx.save_for_backward(h, w, b, tgt, inv_t, lse, elp)
         ctx.cfg, ctx.with_entropy = cfg, with_entropy
         ctx.mark_non_differentiable(lse)
         return lp, ent, lse
 
     @classmethod
     def backward(cls, ctx, g_lp, g_H, _g_lse):  # type: ignore[override]
-        h, w, b, tgt, inv_t, lse, ez = ctx.saved_tensors
+        h, w, b, tgt, inv_t, lse, elp = ctx.saved_tensors
         need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2] and b is not None)
         n = h.shape[0]
         g_lp = torch.zeros(n, device=h.device, dtype=torch.float32) if g_lp is None else _upstream(g_lp, n)
         g_H = _upstream(g_H, n) if ctx.with_entropy else None
-        grads = _block_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, ctx.cfg, cls._TL_DOT_GRAD)
+        grads = _block_grads(h, w, b, tgt, inv_t, lse, elp, g_lp, g_H, need, ctx.cfg, cls._TL_DOT_GRAD)
         return (
             *(None if g is None else g.to(x.dtype) for g, x in zip(grads, (h, w, b))),
             None,
@@ -254,7 +255,7 @@ class _HeadFunctionBase(torch.autograd.Function):
         )
 
 
-def _block_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg, tl_dot: bool):
+def _block_grads(h, w, b, tgt, inv_t, lse, elp, g_lp, g_H, need, cfg, tl_dot: bool):
     """(dh, dW, db), None where not needed. Blocks of the plan (vocabulary slices over all tokens when the
     budget allows). Per block, d(raw) in the input dtype: `tl_dot` — the tl.dot gradient kernel recomputes
     the logits in registers (a [block] buffer of the input dtype); else fp32 raw logits (GEMM, beta = 0), then
@@ -280,13 +281,13 @@ def _block_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg, tl_dot: boo
             g_H_r = None if g_H is None else g_H[r]
             if tl_dot:
                 d = ws
-                launch_head_grad(h[r], w[c], b, tgt[r], inv_t[r], lse[r], ez[r], g_lp[r], g_H_r, d, col_start=c0,
+                launch_head_grad(h[r], w[c], b, tgt[r], inv_t[r], lse[r], elp[r], g_lp[r], g_H_r, d, col_start=c0,
                                  scale=cfg.scale, softcap=cfg.softcap, upcast=cfg.upcast, precision=cfg.precision,
                                  **launch)
             else:
                 gemm_into(ws, h[r], w[c].T, accumulate=False)
                 d = operand_view(ws, h.dtype)
-                launch_head_rows(ws, b, tgt[r], inv_t[r], lse[r], ez[r], None, g_lp[r], g_H_r, col_start=c0,
+                launch_head_rows(ws, b, tgt[r], inv_t[r], lse[r], elp[r], None, g_lp[r], g_H_r, col_start=c0,
                                  scale=cfg.scale, softcap=cfg.softcap, entropy=g_H is not None, stats=False, d=d)
             if db is not None:
                 db[c] += d.sum(0, dtype=torch.float32)
@@ -298,7 +299,7 @@ def _block_grads(h, w, b, tgt, inv_t, lse, ez, g_lp, g_H, need, cfg, tl_dot: boo
 
 
 def fused_stats(h, w, b, tgt, inv_t, cfg: KernelConfig, with_entropy: bool) -> list[Tensor]:
-    """(lse, E_p z, logprob, entropy), fp32 [N], of rows `h` against the whole weight `w` by the tl.dot
+    """(lse, elp = E_p z - lse, logprob, entropy), fp32 [N], of rows `h` against the whole weight `w` by the tl.dot
     forward kernel (token tile x vocabulary split) and the merge of the splits; no logits in memory."""
     n, v = h.shape[0], w.shape[0]
     f32 = {"device": h.device, "dtype": torch.float32}
@@ -330,19 +331,19 @@ class WorkspaceHeadFunction(_HeadFunctionBase):
     def _stats(h, w, b, tgt, inv_t, cfg, with_entropy):
         n, v = h.shape[0], w.shape[0]
         f32 = {"device": h.device, "dtype": torch.float32}
-        lse, ez, zy = (torch.zeros(n, **f32) for _ in range(3))
+        lse, elp, zy, ent = (torch.zeros(n, **f32) for _ in range(4))
         rows_per = max(1, min(n, cfg.rows))
         buf = new_workspace(rows_per, v, h.device) if n else None
         for r0 in range(0, n, rows_per):
             r = slice(r0, min(n, r0 + rows_per))
             ws = buf[: r.stop - r.start]
             gemm_into(ws, h[r], w.T, accumulate=False)
-            launch_head_rows(ws, b, tgt[r], inv_t[r], lse[r], ez[r], zy[r], None, None, col_start=0,
-                             scale=cfg.scale, softcap=cfg.softcap, entropy=with_entropy, stats=True)
+            launch_head_rows(ws, b, tgt[r], inv_t[r], lse[r], elp[r], zy[r], None, None, col_start=0,
+                             scale=cfg.scale, softcap=cfg.softcap, entropy=with_entropy, stats=True, ent=ent[r])
         valid = tgt >= 0
         zero = torch.zeros_like(lse)
-        ent = torch.where(valid, lse - ez, zero) if with_entropy else zero
-        return lse, ez, torch.where(valid, zy - lse, zero), ent
+        ent = torch.where(valid, ent, zero) if with_entropy else zero
+        return lse, elp, torch.where(valid, zy - lse, zero), ent
 
 
 @torch.compiler.disable  # outside torch.compile: see ludic_fast.ops

@@ -3,16 +3,17 @@
 Every rank of `process_group` sees the same hidden states and global target ids and computes, with the torch
 backend's chunk machinery (`ChunkedHead`), the statistics of its own vocabulary rows:
 
-    lse_r = log sum_{v in r} e^{z_v},   ez_r = sum_{v in r} p^{(r)}_v z_v,   zy_r = z_y if y in r else 0
+    lse_r = log sum_{v in r} e^{z_v},   elp_r = sum_{v in r} p^{(r)}_v z_v - lse_r,   zy_r = z_y if y in r else 0
 
-Two all-reduces combine them into the statistics of the full vocabulary (MAX, then one SUM of a [3, N] tensor):
+Two all-reduces combine them into the statistics of the full vocabulary (MAX, then one SUM of a [3, N] tensor),
+every sum relative to the largest shard lse M (so a confident token's entropy keeps its relative precision):
 
-    M = max_r lse_r,   S = sum_r e^{lse_r - M},   lse = M + log S
-    E_p z = sum_r e^{lse_r - M} ez_r / S,   z_y = sum_r zy_r
-    logprob = z_y - lse,   H = lse - E_p z
+    M = max_r lse_r,   w_r = e^{lse_r - M},   S = sum_r w_r,   B = sum_r w_r (elp_r + lse_r - M)
+    lse = M + log S,   H = log S - B / S,   elp = B / S + (M - lse),   z_y = sum_r zy_r,   logprob = z_y - lse
 
-Backward: each rank forms dz on its columns with the global (lse, E_p z),
-`dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z)`, so dW and db are complete for its rows and dh is the
+(B / S = E_p z - M; a shard whose logits are all -inf has w_r = 0 and adds nothing.)
+Backward: each rank forms dz on its columns with the global (lse, elp),
+`dz_j = g_lp (1[j=y] - p_j) - g_H p_j (log p_j - elp)`, so dW and db are complete for its rows and dh is the
 partial sum over its rows; `reduce_grad_hidden=True` all-reduces dh (SUM) so every rank gets the full gradient,
 `False` leaves the partial dh for the caller's own reduction (e.g. a sequence-parallel reduce-scatter).
 The upstream gradients must be the same on every rank (the loss is replicated), as in Megatron-style TP.
@@ -27,7 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ludic_fast._common import HeadOutput, validate_head_inputs
-from ludic_fast.ops.torch_head import HeadTransform, LinearLogprobsFunction, torch_blocks
+from ludic_fast.ops.torch_head import HeadTransform, LinearLogprobsFunction, RowStats, torch_blocks
 
 
 def vocab_partition(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -42,18 +43,22 @@ def vocab_partition(vocab_size: int, world_size: int, rank: int) -> tuple[int, i
     return start, start + base + (1 if rank < extra else 0)
 
 
-def _combine_stats(lse_r: Tensor, ez_r: Tensor, zy_r: Tensor, group) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-rank (lse, E_p z, target logit) of the local rows -> the same statistics of the whole vocabulary."""
-    m = lse_r.clone()
+def _combine_stats(local: RowStats, group) -> RowStats:
+    """`RowStats` of this rank's vocabulary rows -> those of the whole vocabulary (module docstring)."""
+    m = local.lse.clone()
     dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-    w = torch.exp(lse_r - m)
-    sums = torch.stack([w, w * ez_r, zy_r])
+    w = torch.exp(local.lse - m)
+    mass = torch.where(w > 0, w * (local.elp + (local.lse - m)), torch.zeros_like(w))
+    sums = torch.stack([w, mass, local.zy])
     dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
-    return m + torch.log(sums[0]), sums[1] / sums[0], sums[2]
+    log_s = torch.log(sums[0])
+    lse = m + log_s
+    e_rel = sums[1] / sums[0]
+    return RowStats(lse, e_rel + (m - lse), sums[2], log_s - e_rel)
 
 
 class VocabParallelLogprobsFunction(torch.autograd.Function):
-    """Generic mode over a vocab-sharded weight: forward keeps the global (lse, E_p z); backward is the torch
+    """Generic mode over a vocab-sharded weight: forward keeps the global (lse, elp); backward is the torch
     backend's (`LinearLogprobsFunction.backward`, recomputing the local logits chunk by chunk) on the local
     rows, then the optional all-reduce of dh. `head_args = (transform, chunks, ignore_sentinel)`."""
 

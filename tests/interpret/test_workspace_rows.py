@@ -46,12 +46,15 @@ def test_stats_and_grad_in_one_call(ws_dtype, softcap):
     rows, cols = slice(0, N), slice(0, V)
     z_ref = transform.apply_(ws.float().cpu() + b, rows)
     lse_ref = torch.logsumexp(z_ref, 1)
-    ez_ref = (torch.softmax(z_ref, 1) * z_ref).sum(1)
+    p_ref = torch.softmax(z_ref.double(), 1)
+    elp_ref = (p_ref * z_ref).sum(1).float() - lse_ref
+    h_ref = -(p_ref * torch.log_softmax(z_ref.double(), 1)).sum(1).float()
     zy_ref = z_ref.gather(1, head.targets[:, None]).squeeze(1)
-    d_ref = head.grad_raw_(z_ref.clone(), rows, cols, lse_ref, ez_ref, g_lp, g_h)
-    lse, ez, zy = _rows(ws, targets, transform, b, g_lp=g_lp.to(DEVICE), g_H=g_h.to(DEVICE))
+    d_ref = head.grad_raw_(z_ref.clone(), rows, cols, lse_ref, elp_ref, g_lp, g_h)
+    lse, elp, zy, ent = _rows(ws, targets, transform, b, g_lp=g_lp.to(DEVICE), g_H=g_h.to(DEVICE))
     torch.testing.assert_close(lse.cpu(), lse_ref, atol=1e-5, rtol=1e-6)
-    torch.testing.assert_close(ez.cpu(), ez_ref, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(elp.cpu(), elp_ref, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(ent.cpu(), h_ref, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(zy.cpu(), zy_ref * head.valid, atol=1e-5, rtol=1e-6)
     assert ws.dtype == ws_dtype
     tol = 1e-5 if ws_dtype == torch.float32 else 8e-3  # bf16 workspace: d(raw) is stored rounded to bf16
@@ -73,14 +76,14 @@ def test_grad_written_in_operand_dtype_over_the_workspace(out_dtype):
     bias = torch.cat([b] * (BLOCK_V // V + 2))[: w2.shape[0]]
     raw = h @ w2.T
     ref_ws = raw.clone().to(DEVICE)
-    lse, ez, zy = _rows(ref_ws, targets, transform, bias, g_lp=g_lp.to(DEVICE), g_H=g_h.to(DEVICE))  # fp32 in place
+    lse, elp, zy, _ = _rows(ref_ws, targets, transform, bias, g_lp=g_lp.to(DEVICE), g_H=g_h.to(DEVICE))  # in place
     ws = new_workspace(N, w2.shape[0], DEVICE)
     assert ws.stride(0) % 128 == 0 and ws.stride(0) > ws.shape[1]
     ws.copy_(raw)
     d = operand_view(ws, out_dtype)
     assert d.data_ptr() == ws.data_ptr() and d.dtype == out_dtype and d.shape == ws.shape
-    lse2, ez2, zy2 = _rows(ws, targets, transform, bias, g_lp=g_lp.to(DEVICE), g_H=g_h.to(DEVICE), out=d)
-    assert torch.equal(lse2, lse) and torch.equal(ez2, ez) and torch.equal(zy2, zy)
+    lse2, elp2, zy2, _ = _rows(ws, targets, transform, bias, g_lp=g_lp.to(DEVICE), g_H=g_h.to(DEVICE), out=d)
+    assert torch.equal(lse2, lse) and torch.equal(elp2, elp) and torch.equal(zy2, zy)
     # one rounding of the fp32 d(raw): within one ulp of the operand dtype (the interpreter's cast truncates,
     # GPUs round to nearest)
     ulp = 2.0**-7 if out_dtype == torch.bfloat16 else 2.0**-10
@@ -102,14 +105,14 @@ def test_out_must_not_overlap_the_workspace_otherwise():
 def test_grad_on_vocabulary_slice_with_given_stats():
     h, w, b, targets, transform, head, g_lp, g_h = _setup(5.0, seed=1)
     rows = slice(0, N)
-    lse, ez, _ = head.stats(h, rows, True)
+    lse, elp, _, _ = head.stats(h, rows, True)
     cols = slice(300, 700)
     z = head.logits(h, rows, cols)
-    d_ref = head.grad_raw_(z, rows, cols, lse, ez, g_lp, g_h)
+    d_ref = head.grad_raw_(z, rows, cols, lse, elp, g_lp, g_h)
     ws = (h @ w[cols].T).to(DEVICE)
-    lse_out, ez_out, zy = _rows(ws, targets, transform, b, col_start=cols.start, lse=lse.to(DEVICE),
-                                ez=ez.to(DEVICE), g_lp=g_lp.to(DEVICE), g_H=g_h.to(DEVICE))
-    assert zy is None and torch.equal(lse_out.cpu(), lse.float())
+    lse_out, elp_out, zy, ent = _rows(ws, targets, transform, b, col_start=cols.start, lse=lse.to(DEVICE),
+                                      elp=elp.to(DEVICE), g_lp=g_lp.to(DEVICE), g_H=g_h.to(DEVICE))
+    assert zy is None and ent is None and torch.equal(lse_out.cpu(), lse.float())
     torch.testing.assert_close(ws.cpu(), d_ref, atol=1e-7, rtol=1e-5)
 
 
