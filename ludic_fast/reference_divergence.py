@@ -42,7 +42,10 @@ def _divergence(kind: str, beta: float, s: Tensor, t: Tensor) -> Tensor:
     if kind == "reverse_kl":
         return _plogr(ps, s, t)
     if kind == "jsd":
-        log_m = torch.logaddexp(t + math.log(beta), s + math.log1p(-beta))
+        live = (ps > 0) | (pt > 0)  # log m = -inf where both are 0 (and no NaN in the gradient there)
+        log_m = torch.logaddexp(torch.where(live, t, 0.0) + math.log(beta),
+                                torch.where(live, s, 0.0) + math.log1p(-beta))
+        log_m = torch.where(live, log_m, float("-inf"))
         return beta * _plogr(pt, t, log_m) + (1 - beta) * _plogr(ps, s, log_m)
     raise ValueError(f"kind must be forward_kl, reverse_kl or jsd, got {kind!r}")
 

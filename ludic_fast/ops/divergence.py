@@ -28,10 +28,10 @@ gradient. Gradients reach the student's hidden, weight and bias only. The two he
 sizes and dtypes.
 
 Backends: 'torch' (any device: the chunk's math as in-place torch ops, `ludic_fast.ops.divergence_math`) and
-'triton' (CUDA, or CPU under TRITON_INTERPRET=1): cuBLAS GEMMs write both raw-logits chunks, one Triton row
-kernel (`ludic_fast.kernels.divergence_rows`) forms the loss and writes d(raw) over the student's chunk in two
-or three sweeps, cuBLAS forms dh and dW. The kernel covers a teacher head with a scalar temperature and no
-softcap or logit scale, without the entropy; 'auto' runs the rest on the torch backend, 'triton' refuses it.
+'triton' (CUDA, or CPU under TRITON_INTERPRET=1): cuBLAS GEMMs write the student's raw-logits chunk (and a teacher
+head's), one Triton row kernel (`ludic_fast.kernels.divergence_rows`) forms the loss and writes d(raw) over the
+student's chunk in two or three sweeps, cuBLAS forms dh and dW. The kernel covers every option but the
+top-k 'bucket' tail and the entropy: 'auto' runs those on the torch backend, 'triton' refuses them.
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ class _Spec:
     rows: int
     backend: str = "torch"
     entropy: bool = False
-    kernel_inv_t: float = 1.0  # the Triton kernel's 1 / T (a float temperature)
 
 
 def _chunk(spec: _Spec, zs: Tensor, teacher: Teacher, rows: slice, tgt: Tensor | None,
@@ -108,24 +107,24 @@ def _weights(valid: Tensor, reduction: str) -> Tensor:
     return valid / valid.sum().clamp(min=1.0) if reduction == "mean" else valid
 
 
-def _triton_chunk(spec, h_c, Ws, bs, teacher: HeadTeacher, rows, tgt, token_w):
-    """(per-token loss, d(raw) = token_w dloss/dz_s / T or None) of one chunk: the Triton row kernel over the
-    fp32 GEMM workspaces of both heads (the student's is overwritten with d(raw))."""
+def _triton_chunk(spec: _Spec, h_c: Tensor, Ws: Tensor, bs: Tensor | None, teacher: Teacher, rows: slice,
+                  tgt: Tensor | None, token_w: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """(per-token loss, d(raw) = token_w dloss/d(raw) or None) of one chunk: the Triton row kernel over the
+    fp32 GEMM workspace of the student (overwritten with d(raw)) and the teacher's fp32 chunk."""
     from ludic_fast.kernels.divergence_rows import launch_divergence_rows
 
     n = h_c.shape[0]
     zs = gemm_f32(h_c, Ws.T.to(h_c.dtype)).contiguous()
-    h_t = teacher.h[rows]
-    zt = gemm_f32(h_t, teacher.W.T.to(h_t.dtype)).contiguous()
+    zt, bt, t_logits = teacher.kernel_input(rows)
     dev = zs.device
     t32 = torch.full((n,), -1, dtype=torch.int32, device=dev) if tgt is None else tgt.to(torch.int32).contiguous()
     w = torch.zeros(n, dtype=torch.float32, device=dev) if token_w is None else token_w.float().contiguous()
+    inv_t = spec.transform.inv_temperature[rows].float().contiguous()
     loss = torch.empty(n, dtype=torch.float32, device=dev)
     hard = spec.hard_weight if tgt is not None else 0.0
-    bt = teacher.b
-    launch_divergence_rows(zs, zt, None if bs is None else bs.float().contiguous(),
-                           None if bt is None else bt.float().contiguous(), t32, w, loss, spec.kernel_inv_t, spec.beta,
-                           hard, KINDS.index(spec.kind), token_w is not None)
+    launch_divergence_rows(zs, zt, None if bs is None else bs.float().contiguous(), bt, t32, w, inv_t, loss,
+                           spec.beta, hard, KINDS.index(spec.kind), token_w is not None, t_logits,
+                           spec.transform.logit_scale, spec.transform.softcap)
     return loss, zs if token_w is not None else None
 
 
@@ -329,15 +328,10 @@ def _topk_teacher(teacher_topk, tail: str, lead: torch.Size, V: int, temperature
     return TopKTeacher(idx, lp.detach().reshape(-1, lp.shape[-1]), V, tail == "bucket")
 
 
-def _kernel_gap(spec: _Spec, teacher: Teacher, logit_scale: float, softcap: float | None,
-                temperature: float | Tensor) -> str | None:
+def _kernel_gap(spec: _Spec, teacher: Teacher) -> str | None:
     """What the Triton row kernel cannot do in this call, or None."""
-    if not isinstance(teacher, HeadTeacher):
-        return "a teacher given as probabilities or top-k log-probs"
-    if softcap is not None or logit_scale != 1.0:
-        return "softcap or logit_scale"
-    if isinstance(temperature, Tensor):
-        return "a per-token temperature"
+    if isinstance(teacher, TopKTeacher) and teacher.bucket:
+        return "teacher_tail='bucket'"
     return "return_entropy" if spec.entropy else None
 
 
@@ -427,12 +421,11 @@ def linear_divergence(
     spec = _Spec(kind, beta, transform, hard_weight, max(1, budget // row_bytes), "torch", return_entropy)
     resolved = resolve_backend(backend, h_student.device)
     if resolved == "triton":
-        gap = _kernel_gap(spec, teacher, logit_scale, softcap, temperature)
+        gap = _kernel_gap(spec, teacher)
         if gap is not None and backend == "triton":
             raise ValueError(f"backend='triton': the divergence kernel does not support {gap} yet; use "
                              "backend='torch' (or 'auto', which does)")
-        spec = _Spec(kind, beta, transform, hard_weight, spec.rows, "torch" if gap else "triton", return_entropy,
-                     1.0 / temperature if gap is None else 1.0)
+        spec = _Spec(kind, beta, transform, hard_weight, spec.rows, "torch" if gap else "triton", return_entropy)
     apply = _apply_outside_compile if spec.backend == "triton" else LinearDivergenceFunction.apply  # ludic_fast.ops
     loss, ents = apply(hs, W_student, b_student, tgt, valid, teacher, spec, reduction)
     loss = loss.reshape(lead) if reduction == "none" else loss

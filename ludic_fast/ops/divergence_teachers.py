@@ -38,6 +38,12 @@ class HeadTeacher:
     W: Tensor  # [V, D_t], the student's V rows
     b: Tensor | None
 
+    def kernel_input(self, rows: slice) -> tuple[Tensor, Tensor | None, bool]:
+        """(fp32 raw logits chunk, fp32 bias or None, True: logits) for the Triton row kernel."""
+        h = self.h[rows]
+        return (gemm_f32(h, self.W.T.to(h.dtype)).contiguous(), None if self.b is None else self.b.float().contiguous(),
+                True)
+
     def log_probs(self, rows: slice, transform: HeadTransform, dtype: torch.dtype) -> Tensor:
         z = raw_logits(self.h[rows], self.W, self.b, acc_dtype(self.h, self.W)).to(dtype)
         z = transform.apply_(z, rows)
@@ -55,6 +61,10 @@ class DenseTeacher:
     probs: Tensor  # [N, V'], detached
     V: int
 
+    def kernel_input(self, rows: slice) -> tuple[Tensor, Tensor | None, bool]:
+        """(fp32 log p chunk, no bias, False: log-probs) for the Triton row kernel."""
+        return self.probs[rows, : self.V].float().log().contiguous(), None, False
+
     def log_probs(self, rows: slice, transform: HeadTransform, dtype: torch.dtype) -> Tensor:
         return _tempered_log_softmax_(self.probs[rows, : self.V].to(dtype).log(), rows, transform)
 
@@ -66,10 +76,18 @@ class TopKTeacher:
     V: int
     bucket: bool
 
-    def log_probs(self, rows: slice, transform: HeadTransform, dtype: torch.dtype) -> Tensor:
+    def _scattered(self, rows: slice, dtype: torch.dtype) -> Tensor:
         idx = self.idx[rows]
         t = torch.full((idx.shape[0], self.V), float("-inf"), dtype=dtype, device=idx.device)
-        return _tempered_log_softmax_(t.scatter_(1, idx, self.lp[rows].to(dtype)), rows, transform)
+        return t.scatter_(1, idx, self.lp[rows].to(dtype))
+
+    def kernel_input(self, rows: slice) -> tuple[Tensor, Tensor | None, bool]:
+        """(fp32 log-probs chunk, -inf off the top k; no bias; False: log-probs) for the Triton row kernel
+        (tail 'renormalize')."""
+        return self._scattered(rows, torch.float32), None, False
+
+    def log_probs(self, rows: slice, transform: HeadTransform, dtype: torch.dtype) -> Tensor:
+        return _tempered_log_softmax_(self._scattered(rows, dtype), rows, transform)
 
     def coarse(self, rows: slice, dtype: torch.dtype) -> Tensor:
         """[n, k + 1] log-probs: the top-k tokens, then the tail (module docstring)."""

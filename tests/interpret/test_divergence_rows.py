@@ -1,7 +1,9 @@
-"""The distillation row kernel (backend='triton') equals the torch path of linear_divergence (under
-TRITON_INTERPRET=1 on CPU, or on CUDA): loss and student gradients, every kind, with temperature, biases,
-hard-label mixing, ignored rows, per-token reduction, several chunks and a vocabulary not a multiple of the
-block."""
+"""The distillation row kernel (backend='triton') equals the torch path of linear_divergence and the float64
+reference twin (under TRITON_INTERPRET=1 on CPU, or on CUDA): loss and student gradients, every kind, with
+temperature (scalar and per token), softcap, logit scale, biases, hard-label mixing (target id 0 included),
+ignored rows, per-token reduction, several chunks, a vocabulary not a multiple of the block with the row
+maximum in its tail block, masked (-inf) columns, teachers given as probabilities or top-k log-probs; and
+the clear refusal of what the kernel lacks."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 from _interp import DEVICE, MARKS
 
 from ludic_fast import linear_divergence
+from ludic_fast import reference as R
 
 pytestmark = MARKS
 
@@ -60,3 +63,122 @@ def test_triton_without_targets():
     ref = linear_divergence(hs, Ws, ht, Wt, kind="jsd", backend="torch")
     got = linear_divergence(hs, Ws, ht, Wt, kind="jsd", backend="triton")
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------------------------ options
+def _reference_check(out, ref, leaves, up=None, tol=1e-5):
+    """The kernel's loss and student gradients against the float64 reference twin."""
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=1e-7)
+    for a, b in zip(torch.autograd.grad(out, leaves, up), torch.autograd.grad(ref, leaves, up)):
+        torch.testing.assert_close(a.double(), b, rtol=10 * tol, atol=1e-6)
+
+
+def _double(*xs):
+    return [x.detach().double().requires_grad_(x.requires_grad) for x in xs]
+
+
+OPTIONS = [
+    dict(kind="forward_kl", softcap=2.0, logit_scale=1.5),
+    dict(kind="reverse_kl", temperature="per-token", hard_weight=0.3),
+    dict(kind="jsd", beta=0.4, softcap=3.0, temperature="per-token", hard_weight=0.2),
+]
+
+
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_softcap_scale_per_token_temperature(opts):
+    hs, Ws, bs, ht, Wt, bt, tgt = _inputs(2)
+    if opts.get("temperature") == "per-token":
+        opts = dict(opts, temperature=torch.linspace(0.6, 1.8, N).to(DEVICE))
+    out = linear_divergence(hs, Ws, ht, Wt, tgt, backend="triton", b_student=bs, b_teacher=bt,
+                            memory_budget=20 * V * 3, **opts)
+    d = _double(hs, Ws, bs)
+    ref = R.linear_divergence(d[0], d[1], ht.double(), Wt.double(), tgt, b_student=d[2], b_teacher=bt.double(),
+                              **opts)
+    grads = torch.autograd.grad(out, (hs, Ws, bs))
+    for a, b in zip(grads, torch.autograd.grad(ref, d)):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["forward_kl", "jsd"])
+def test_probability_and_topk_teachers(kind):
+    hs, Ws, bs, ht, Wt, bt, tgt = _inputs(3)
+    g = torch.Generator().manual_seed(4)
+    probs = torch.softmax(torch.randn(N, V, generator=g) * 2, -1).to(DEVICE)
+    probs[:, 2050] = 0.0
+    lp, idx = torch.log_softmax(torch.randn(N, V, generator=g) * 3, -1).topk(40, -1)
+    d = _double(hs, Ws)
+    for teacher in (dict(teacher_probs=probs), dict(teacher_topk=(idx.to(DEVICE), lp.to(DEVICE)))):
+        out = linear_divergence(hs, Ws, targets=tgt, kind=kind, temperature=1.3, backend="triton", **teacher)
+        ref_teacher = {k: (v.double() if k == "teacher_probs" else (v[0], v[1].double())) for k, v in teacher.items()}
+        ref = R.linear_divergence(d[0], d[1], targets=tgt, kind=kind, temperature=1.3, **ref_teacher)
+        torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-7)
+        for a, b in zip(torch.autograd.grad(out, (hs, Ws)), torch.autograd.grad(ref, d)):
+            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-6)
+
+
+def test_row_maximum_in_the_tail_block_and_target_zero():
+    """The row maximum sits in the last (partial) block, so the online sums are rescaled when the maximum
+    moves; one target is token 0 (a hard-label CE that must count)."""
+    hs, Ws, bs, ht, Wt, bt, tgt = _inputs(5)
+    with torch.no_grad():
+        bs[2050] += 9.0
+        bt[2051] += 9.0
+    tgt[0] = 0
+    tgt[4] = 2050
+    d = _double(hs, Ws, bs)
+    for opts in (dict(kind="forward_kl"), dict(kind="reverse_kl"), dict(kind="jsd", beta=0.3),
+                 dict(kind="reverse_kl", hard_weight=0.6), dict(kind="forward_kl", hard_weight=0.6, temperature=0.7)):
+        out = linear_divergence(hs, Ws, ht, Wt, tgt, backend="triton", b_student=bs, b_teacher=bt,
+                                reduction="none", **opts)
+        ref = R.linear_divergence(d[0], d[1], ht.double(), Wt.double(), tgt, b_student=d[2], b_teacher=bt.double(),
+                                  reduction="none", **opts)
+        torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-7, msg=str(opts))
+        up = torch.rand(N, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+        for a, b in zip(torch.autograd.grad(out, (hs, Ws, bs), up), torch.autograd.grad(ref, d, up.double())):
+            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-6, msg=str(opts))
+
+
+MASK = [0, 1, 700, 2048, 2052]  # the first columns of two blocks, one inside, the last
+
+
+@pytest.mark.parametrize("kind", ["forward_kl", "reverse_kl", "jsd"])
+def test_masked_vocabulary(kind):
+    """-inf on the same columns of both heads: finite, equal to the reference; -inf on the teacher's only:
+    forward KL and JSD finite and equal, reverse KL +inf."""
+    hs, Ws, bs, ht, Wt, bt, tgt = _inputs(7)
+    mask = torch.zeros(V).index_fill(0, torch.tensor(MASK), float("-inf")).to(DEVICE)
+    d = _double(hs, Ws, bs)
+    for b_s, teacher_only in ((bs + mask, False), (bs, True)):
+        out = linear_divergence(hs, Ws, ht, Wt, tgt, kind=kind, backend="triton", b_student=b_s,
+                                b_teacher=bt + mask, reduction="none", hard_weight=0.25)
+        ref = R.linear_divergence(d[0], d[1], ht.double(), Wt.double(), tgt, kind=kind, reduction="none",
+                                  b_student=d[2] if teacher_only else d[2] + mask.double(),
+                                  b_teacher=(bt + mask).double(), hard_weight=0.25)
+        if teacher_only and kind == "reverse_kl":
+            assert torch.isinf(out[tgt != -100]).all() and (out[tgt == -100] == 0).all()
+            continue
+        torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-7)
+        up = torch.rand(N, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+        for a, b in zip(torch.autograd.grad(out, (hs, Ws), up), torch.autograd.grad(ref, d[:2], up.double())):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-6)
+
+
+def test_identical_heads_give_zero_not_negative():
+    hs, Ws, bs, ht, Wt, bt, tgt = _inputs(9)
+    h = hs.detach() * 4
+    for kind in ("forward_kl", "reverse_kl", "jsd"):
+        out = linear_divergence(h, Ws.detach(), h, Ws.detach(), kind=kind, beta=0.37, backend="triton",
+                                reduction="none", temperature=0.3)
+        assert (out >= 0).all() and out.max() <= 1e-6
+
+
+def test_triton_refuses_what_the_kernel_lacks():
+    hs, Ws, bs, ht, Wt, bt, tgt = _inputs()
+    topk = (torch.arange(3).expand(N, 3).to(DEVICE), torch.full((N, 3), -2.0).to(DEVICE))
+    with pytest.raises(ValueError, match="bucket"):
+        linear_divergence(hs, Ws, teacher_topk=topk, teacher_tail="bucket", backend="triton")
+    with pytest.raises(ValueError, match="return_entropy"):
+        linear_divergence(hs, Ws, ht, Wt, return_entropy=True, backend="triton")
