@@ -721,7 +721,7 @@ class CompositeLoss(HeadLoss):
         return total, stats
 
 
-_PREFERENCE = ("DPOLoss", "IPOLoss", "SimPOLoss", "ORPOLoss", "KTOLoss")
+_PREFERENCE = ("DPOLoss", "IPOLoss", "SimPOLoss", "ORPOLoss", "KTOLoss", "CPOLoss")
 
 
 def __getattr__(name: str):

@@ -251,3 +251,32 @@ def test_kto_float64(kto_kl):
         batch["kto_kl"] = torch.tensor(kto_kl, dtype=torch.float64) + 1e-9  # not a float32 number
     _compare(P.KTOLoss(beta=0.5), RP.KTOLoss(beta=0.5), batch, h, W, b, 1e-12, 1e-12,
              chunk_elements=CHUNKS["one_pass"])
+
+
+LIGER_TYPES = ["hinge", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "apo_zero", "apo_down", "discopop"]
+
+
+@pytest.mark.parametrize("loss_type", LIGER_TYPES)
+def test_dpo_loss_types_match_liger(loss_type):
+    # Liger-Kernel 0.8.5's LigerFusedLinearDPOLoss with the same loss_type, its reference model's head and our
+    # per-token reference log-probs from that same head
+    chunked = pytest.importorskip("liger_kernel.chunked_loss")
+    from test_preference import _liger_inputs
+
+    batch, h, W, b = make_pairs(6)
+    ref_W = W.detach() + 0.2 * torch.randn(W.shape, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        ref_lp = torch.zeros_like(batch["ref_logps"])
+        ref_lp[:, 1:] = R.compute_token_logp(R.head_logits(h, ref_W, b), batch["input_ids"])
+    batch["ref_logps"] = ref_lp * batch["action_mask"]
+    eps = _SMOOTHED.get(loss_type, 0.0)
+    loss, _ = P.DPOLoss(loss_type=loss_type, beta=0.5, label_smoothing=eps)(
+        batch, hidden=h, weight=W, bias=b, chunk_elements=CHUNKS["one_pass"])
+    grads = torch.autograd.grad(loss, (h, W, b))
+    x, target = _liger_inputs(batch, h)
+    liger = chunked.LigerFusedLinearDPOLoss(beta=0.5, loss_type=loss_type, label_smoothing=eps, compiled=False)
+    peer = liger(W, x, target, b, ref_input=x.detach(), ref_weight=ref_W, ref_bias=b.detach())[0]
+    peer_grads = torch.autograd.grad(peer, (h, W, b))
+    assert rel_err(loss, peer) <= 1e-5, (float(loss.detach()), float(peer.detach()))
+    for g, pg in zip(grads, peer_grads):
+        assert rel_err(g, pg) <= 1e-4
