@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from ludic_fast.distributed.pipeline import (  # noqa: E402
     run_pipeline_actor,
 )
 from ludic_fast.distributed.publish import RedisWeightPublisher, RedisWeightSubscriber, load_into  # noqa: E402
+from ludic_fast.distributed.redis_conn import ReconnectingRedis, RedisUnreachableError  # noqa: E402
 from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWItem  # noqa: E402
 
 REDIS_SERVER = shutil.which("redis-server")
@@ -116,6 +118,59 @@ def test_codec_roundtrip_and_malformed_payloads():
         encode_item(item, item_id="x", policy_version=-2)
     with pytest.raises(ValueError, match="item_id"):
         encode_item(item, item_id="", policy_version=0)
+
+
+# ------------------------------------------------------------------------ never reached vs lost later
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "pipeline_rl"
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as s:  # bound, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return f"redis://:secret@127.0.0.1:{s.getsockname()[1]}/0"
+
+
+def test_a_server_never_reached_fails_at_once():
+    """Nothing to wait for: each side raises RedisUnreachableError at its first command, not after its
+    retry_timeout_s (60 s here), and the message hides the password."""
+    url = _closed_port_url()
+    t0 = time.monotonic()
+    with pytest.raises(RedisUnreachableError, match=r"cannot reach Redis at redis://:\*\*\*@127\.0\.0\.1:") as exc:
+        PipelineBatchSource(url, retry_timeout_s=60)
+    assert "secret" not in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(RedisUnreachableError):
+        PipelineProducer(url, max_queued=None, retry_timeout_s=60).push(_item(0), 0)
+    with pytest.raises(RedisUnreachableError):
+        RedisWeightPublisher(url, retry_timeout_s=60).publish({"w": torch.zeros(2)}, version=0)
+    with pytest.raises(RedisUnreachableError):
+        RedisWeightSubscriber(url, lambda state, version: None, retry_timeout_s=60).poll()
+    assert time.monotonic() - t0 < 10
+
+
+@needs_server
+def test_a_server_lost_after_it_was_reached_is_waited_for(server):
+    conn = ReconnectingRedis(server.url, retry_timeout_s=0.5)
+    conn.ping()
+    server.kill()
+    t0 = time.monotonic()
+    with pytest.raises(redis.exceptions.ConnectionError) as exc:
+        conn.ping()
+    assert not isinstance(exc.value, RedisUnreachableError) and time.monotonic() - t0 >= 0.5
+    server.start()
+    ReconnectingRedis(server.url, retry_timeout_s=0.5).ping()  # the URL was reached: a new connection retries too
+
+
+@pytest.mark.parametrize("script", ["learner.py", "actor.py"])
+def test_example_scripts_without_redis_exit_2_within_seconds(script):
+    url = _closed_port_url()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(EXAMPLES / script), "--redis-url", url], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and time.monotonic() - t0 < 10, proc.stderr
+    assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"examples/pipeline_rl/{script}: error: --redis-url: cannot reach Redis (")
+    assert "start redis-server there or fix the URL" in proc.stderr and "secret" not in proc.stderr
 
 
 # ------------------------------------------------------------------------------- back-pressure, shutdown
@@ -425,9 +480,7 @@ def test_actor_and_learner_processes_survive_redis_restart(server, tmp_path):
 @needs_server
 def test_example_actor_and_learner_scripts_run(server):
     """examples/pipeline_rl: one actor and the learner (Trainer, HF generate rollouts) on the embedded default."""
-    import sys
-
-    root = Path(__file__).resolve().parents[1] / "examples" / "pipeline_rl"
+    root = EXAMPLES
     common = ["--redis-url", server.url, "--prefix", "ex", "--prompts-per-batch", "2", "--group-size", "2",
               "--threads", "1", "--max-lag", "4", "--device", "cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -15,24 +15,32 @@ import asyncio
 import logging
 import sys
 
-import torch
-from common import add_pipeline_args
+from common import add_pipeline_args, exit_status_without_redis
 
-from ludic_fast.cli_validation import UsageError
-from ludic_fast.distributed.pipeline import PipelineKeys, PipelineProducer, run_pipeline_actor
-from ludic_fast.distributed.publish import RedisWeightSubscriber
-from ludic_fast.train_cli import (
-    build_engine,
-    build_model_and_tokenizer,
-    build_parser,
-    build_rollout_source,
-    make_algorithm,
-    prepare,
-)
+PROG = "examples/pipeline_rl/actor.py"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser("examples/pipeline_rl/actor.py")
+    status = exit_status_without_redis(PROG, argv)  # before the training stack loads: fails in seconds
+    return run(argv) if status is None else status
+
+
+def run(argv: list[str] | None) -> int:
+    import torch
+
+    from ludic_fast.cli_validation import UsageError
+    from ludic_fast.distributed.pipeline import PipelineKeys, PipelineProducer, run_pipeline_actor
+    from ludic_fast.distributed.publish import RedisWeightSubscriber
+    from ludic_fast.train_cli import (
+        build_engine,
+        build_model_and_tokenizer,
+        build_parser,
+        build_rollout_source,
+        make_algorithm,
+        prepare,
+    )
+
+    parser = build_parser(PROG)
     g = add_pipeline_args(parser)
     g.add_argument("--actor-id", default=None, help="unique per actor (default: random)")
     g.add_argument("--rounds", type=int, default=None, help="batches to push (default: until the learner is done)")

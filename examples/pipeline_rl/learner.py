@@ -13,27 +13,35 @@ from __future__ import annotations
 
 import sys
 
-import torch
-from common import add_pipeline_args
+from common import add_pipeline_args, exit_status_without_redis
 
-from ludic_fast.cli_validation import UsageError
-from ludic_fast.distributed.pipeline import PipelineBatchSource, PipelineKeys
-from ludic_fast.distributed.publish import RedisWeightPublisher
-from ludic_fast.stats import default_reducers
-from ludic_fast.train_cli import (
-    build_console_logger,
-    build_model_and_tokenizer,
-    build_parser,
-    make_algorithm,
-    prepare,
-    run_sft,
-    trainer_config,
-)
-from ludic_fast.trainer import Trainer
+PROG = "examples/pipeline_rl/learner.py"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser("examples/pipeline_rl/learner.py")
+    status = exit_status_without_redis(PROG, argv)  # before the training stack loads: fails in seconds
+    return run(argv) if status is None else status
+
+
+def run(argv: list[str] | None) -> int:
+    import torch
+
+    from ludic_fast.cli_validation import UsageError
+    from ludic_fast.distributed.pipeline import PipelineBatchSource, PipelineKeys
+    from ludic_fast.distributed.publish import RedisWeightPublisher
+    from ludic_fast.stats import default_reducers
+    from ludic_fast.train_cli import (
+        build_console_logger,
+        build_model_and_tokenizer,
+        build_parser,
+        make_algorithm,
+        prepare,
+        run_sft,
+        trainer_config,
+    )
+    from ludic_fast.trainer import Trainer
+
+    parser = build_parser(PROG)
     add_pipeline_args(parser)
     args = parser.parse_args(argv)
     try:
