@@ -1,12 +1,15 @@
 """`ludic-fast bench` input errors: each bad argument is refused before any case runs, in one line on stderr
-naming the flag (argparse's form, `ludic-fast bench: error: ...`), with exit status 2."""
+naming the flag (argparse's form, `ludic-fast bench: error: ...`), with exit status 2; the report names the
+CPU it ran on."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,3 +100,12 @@ def test_the_command_exits_2_with_one_line():
                           env=env, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "ludic-fast bench: error: argument --n: must be >= 1, got -5 (see --help)\n"
+
+
+def test_the_report_names_the_cpu_model():
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    models = {line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")}
+    if not models:
+        pytest.skip("this machine's /proc/cpuinfo names no CPU model")
+    assert cli.cpu_name() in {f"{m} ({platform.machine()})" for m in models}

@@ -15,6 +15,7 @@ Writes `results.json`, `results.md` (tables with every ratio) and `scaling_<work
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "command": "ludic-fast bench " + " ".join(argv),
         "date (UTC)": started.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, device {device}",
+        "machine": f"{cpu_name()}, {os.cpu_count()} CPUs, device {device}",
         **device_info(device),
         "torch threads": str(args.threads),
         "versions": versions(),
@@ -329,6 +330,15 @@ def _version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo's "model name") and architecture."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
+    return platform.processor() or platform.machine()
 
 
 def versions() -> str:
