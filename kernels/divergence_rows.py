@@ -17,8 +17,9 @@ a reverse-KL row of D = +inf (student mass where the teacher has none) gets a Na
 dloss/dz_s = (1 - a) dD/dz_s + a T (softmax(u_s) - 1[j = y]).
 `loss [n]` gets the per-row loss; with GRAD, `s` is overwritten with d(raw) = w_row dloss/d(raw) (fp32),
 d(raw) = dloss/dz_s / T · SCALE (1 - tanh^2) (the tanh factor only with a softcap).
-Forward and reverse KL take two sweeps of the row (statistics with the weighted gap folded in online, then
-the gradient); JSD three (statistics, the two KL sums, the gradient). Row offsets are int64.
+Forward and reverse KL take two sweeps of the row (statistics with the weighted gap folded in online relative
+to the running maxima, D = gap / σ - log σ + log σ' with σ the sums of e^{z - max}, then the gradient); JSD
+three (statistics, the two KL sums, the gradient). Row offsets are int64.
 """
 
 import triton
@@ -67,6 +68,12 @@ def _rescale(m_old, m_new):
 
 
 @triton.jit
+def _delta(m_old, m_new):
+    """How far a running maximum moved (0 when it did not, also at -inf)."""
+    return tl.where(m_old == m_new, 0.0, m_new - m_old)
+
+
+@triton.jit
 def _shift(m):
     """A running maximum as a shift: -inf (no finite logit yet) becomes 0, so -inf - shift stays -inf."""
     return tl.where(m == float("-inf"), 0.0, m)
@@ -89,7 +96,7 @@ def divergence_rows_kernel(
     sum_s = 0.0
     m_t = float("-inf")
     sum_t = 0.0
-    gap = 0.0  # KIND 0: Σ e^{z_t - m_t} (z_t - z_s); KIND 1: Σ e^{z_s - m_s} (z_s - z_t)
+    gap = 0.0  # KIND 0: Σ e^{x_t} (x_t - x_s); KIND 1: Σ e^{x_s} (x_s - x_t); x = z - (running max m)
     m_1 = float("-inf")
     sum_1 = 0.0
     u_y = 0.0
@@ -100,12 +107,16 @@ def divergence_rows_kernel(
         _u, zt, _th_t = _final(t_row, bt_ptr, cols, ok, inv_t, HAS_BT, T_LOGITS, SCALE, HAS_SOFTCAP, SOFTCAP)
         ms_new = tl.maximum(m_s, tl.max(zs, 0))
         mt_new = tl.maximum(m_t, tl.max(zt, 0))
-        es = tl.exp(zs - _shift(ms_new))
-        et = tl.exp(zt - _shift(mt_new))
-        if KIND == 0:
-            gap = gap * _rescale(m_t, mt_new) + tl.sum(tl.where(et > 0, et * (zt - zs), 0.0), 0)
+        xs = zs - _shift(ms_new)
+        xt = zt - _shift(mt_new)
+        es = tl.exp(xs)
+        et = tl.exp(xt)
+        if KIND == 0:  # the old terms' x_s and x_t move with the maxima, then the weights e^{x_t} rescale
+            moved = tl.where(sum_t > 0, sum_t * (_delta(m_s, ms_new) - _delta(m_t, mt_new)), 0.0)
+            gap = (gap + moved) * _rescale(m_t, mt_new) + tl.sum(tl.where(et > 0, et * (xt - xs), 0.0), 0)
         if KIND == 1:
-            gap = gap * _rescale(m_s, ms_new) + tl.sum(tl.where(es > 0, es * (zs - zt), 0.0), 0)
+            moved = tl.where(sum_s > 0, sum_s * (_delta(m_t, mt_new) - _delta(m_s, ms_new)), 0.0)
+            gap = (gap + moved) * _rescale(m_s, ms_new) + tl.sum(tl.where(es > 0, es * (xs - xt), 0.0), 0)
         sum_s = sum_s * _rescale(m_s, ms_new) + tl.sum(es, 0)
         sum_t = sum_t * _rescale(m_t, mt_new) + tl.sum(et, 0)
         m_s = ms_new
@@ -121,10 +132,10 @@ def divergence_rows_kernel(
     log_b = tl.log(beta)
     log_1b = tl.log(1.0 - beta)
     kl_s = 0.0
-    if KIND == 0:
-        div = gap / sum_t - lse_t + lse_s
+    if KIND == 0:  # relative to the maxima: no rounding step of the logits' size (D = 0 exactly at V = 1)
+        div = gap / sum_t - tl.log(sum_t) + tl.log(sum_s)
     elif KIND == 1:
-        div = gap / sum_s - lse_s + lse_t
+        div = gap / sum_s - tl.log(sum_s) + tl.log(sum_t)
     else:
         kl_t = 0.0
         for v0 in range(0, n_cols, BLOCK_V):
