@@ -114,7 +114,7 @@ def _liger_covers(workload: Workload) -> str | None:
 
 
 def _trl_covers(workload: Workload) -> str | None:
-    if workload.kind == "pair":
+    if workload.kind == "pair" and workload.name != "dpo":  # TRL's ORPO runs on materialised logits
         return f"no chunked {workload.name} loss"
     return None if (workload.kind != "rl" or workload.grpo_args is not None) else f"no {workload.name} loss"
 
@@ -340,11 +340,24 @@ def trl_policy_loss(lp: Tensor, batch: dict[str, Tensor], args: dict) -> Tensor:
     return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
 
 
+#: the per-token outputs TRL 1.16's DPOTrainer asks its fused head for (without WPO weighting)
+TRL_DPO_OUTPUTS = ("entropy", "mean_logits", "is_top1")
+
+
+def trl_dpo_loss(lp: Tensor, batch: dict[str, Tensor], beta: float) -> Tensor:
+    """TRL 1.16's sigmoid DPO loss with precomputed reference sums (`precompute_ref_log_probs`) on per-token
+    logprobs lp [B, T-1] (zero off the completion): -mean log σ(β[(L_w - R_w) - (L_l - R_l)]), rows 2i / 2i+1
+    the chosen / rejected responses of pair i."""
+    ratio = lp.sum(-1) - batch["ref_seq_logps"].to(lp.dtype)
+    return -torch.nn.functional.logsigmoid(beta * (ratio[0::2] - ratio[1::2])).mean()
+
+
 def _build_trl(workload: Workload, inp: Inputs) -> Step:
     """`ChunkedLogProbFunction` (TRL's head): the head op with entropy; SFT as -mean logprob; jsd through
-    TRL's `ChunkedDivergenceFunction` (per-token divergences, their mean); the GRPO family on the action rows
-    only (gathered inside the step, as ours selects them inside its call), its logprobs scattered back to
-    [B, T-1] for TRL's loss math."""
+    TRL's `ChunkedDivergenceFunction` (per-token divergences, their mean); the GRPO family and DPO on the action
+    rows only (gathered inside the step, as ours selects them inside its call, as TRL's head does on Triton
+    devices), its logprobs scattered back to [B, T-1] for TRL's loss math (DPO with the outputs DPOTrainer
+    requests: entropy, mean logits, top-1)."""
     if workload.kind == "distill":
         from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
 
@@ -382,12 +395,16 @@ def _build_trl(workload: Workload, inp: Inputs) -> Step:
 
         return ce_step
     h, y, mask = _shifted(inp)
+    pair = workload.kind == "pair"
 
     def loss_step() -> dict[str, Tensor]:
         keep = mask.reshape(-1) > 0
-        lp_rows, _ = head(h.reshape(-1, h.shape[-1])[keep], y.reshape(-1)[keep], ())
+        lp_rows, _ = head(h.reshape(-1, h.shape[-1])[keep], y.reshape(-1)[keep], TRL_DPO_OUTPUTS if pair else ())
         lp = torch.zeros(mask.shape, dtype=lp_rows.dtype, device=lp_rows.device).masked_scatter(mask > 0, lp_rows)
-        loss = trl_policy_loss(lp, inp.batch, workload.grpo_args)
+        if pair:
+            loss = trl_dpo_loss(lp, inp.batch, workload.loss_kwargs["beta"])
+        else:
+            loss = trl_policy_loss(lp, inp.batch, workload.grpo_args)
         loss.backward()
         return _outputs(loss=loss)
 
