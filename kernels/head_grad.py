@@ -21,11 +21,13 @@ from .head_fwd import dot_operands, dot_tile
 
 #: Launch configurations per (input element size, architecture family), spill-free with every feature on and
 #: off (triton 3.9 AOT, `bench/kernel_report.py`); speed unmeasured. The elementwise epilogue (no reductions)
-#: is lighter than the forward's, but 128x256x64 still spills on sm_90 (112-264 B).
+#: is lighter than the forward's, but 128x256x64 still spills on sm_90 (112-264 B). BLOCK_K equals the
+#: forward's (`head_fwd.CONFIGS`) so that the recomputed logits are the forward's bit for bit: a last-bit
+#: difference next to a large logit offset is a large error in p_j (z_j - E_p z) of a confident token.
 CONFIGS = {
     (2, 90): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4},
     (2, 80): {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 4},
-    (4, 90): {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 16, "num_warps": 8, "num_stages": 3},
+    (4, 90): {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 3},
     (4, 80): {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 16, "num_warps": 8, "num_stages": 3},
 }
 

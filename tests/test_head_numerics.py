@@ -13,25 +13,16 @@ import math
 
 import pytest
 import torch
+from _head_numerics import N, assert_entropy_exact, confident_rows, float64_head, grads64, masked_case, rel_err
 
 from ludic_fast import reference as R
 from ludic_fast.ops import linear_logprobs
 from ludic_fast.ops.fused_loss import FusedPlan, fused_head_loss
 from ludic_fast.ops.torch_head import HeadTransform
 
-N, D, V = 48, 16, 257
 OFFSETS = [0.0, 100.0, 1e3]
 SLICED = 16 * 40  # fewer than 16 whole rows of V columns: the vocabulary is sliced
 PATHS = ["generic", "generic-sliced", "fused", "fused-sliced"]
-
-
-def float64_head(h, w, b, targets, temperature=1.0):
-    """(logprob, entropy) of `(h W^T + b) / T` in float64 with 0 log 0 = 0 — independent of the library."""
-    z = (h.double() @ w.double().T + b.double()) / temperature
-    logp = torch.log_softmax(z, -1)
-    p = logp.exp()
-    ent = -(p * torch.where(p > 0, logp, torch.zeros((), dtype=torch.float64))).sum(-1)
-    return logp.gather(1, targets[:, None]).squeeze(1), ent
 
 
 def head_call(path, h, w, b, targets, g_lp, g_h, temperature=1.0):
@@ -48,27 +39,6 @@ def head_call(path, h, w, b, targets, g_lp, g_h, temperature=1.0):
 
     loss, lp, ent = fused_head_loss(h, w, b, targets, FusedPlan(transform, objective, False, True, chunk))
     return lp, ent, loss
-
-
-def confident_rows(offset: float, seed: int = 0):
-    """Rows from nearly uniform to one token with all the mass (H from ~1 down to ~1e-12), logits near
-    `offset` (a common bias)."""
-    g = torch.Generator().manual_seed(seed)
-    h = torch.randn(N, D, generator=g) * torch.logspace(-1, 0.9, N)[:, None]
-    w = torch.randn(V, D, generator=g)
-    b = torch.full((V,), offset) + 0.1 * torch.randn(V, generator=g)
-    targets = torch.randint(0, V, (N,), generator=g)
-    return h, w, b, targets
-
-
-def assert_entropy_exact(ent, ent64):
-    ent = ent.detach().double()
-    assert bool((ent >= 0).all()), "negative entropy"
-    big = ent64 >= 1e-5
-    assert big.any() and (~big).any(), "the rows must span both regimes"
-    rel = ((ent - ent64).abs() / ent64)[big].max()
-    small = (ent - ent64).abs()[~big].max()
-    assert rel <= 1e-3 and small <= 1e-7, (float(rel), float(small))
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -107,22 +77,6 @@ def test_entropy_one_dominant_token_by_hand():
     torch.testing.assert_close(ref.double(), torch.full((1, 2), true_h, dtype=torch.float64), rtol=1e-6, atol=0)
 
 
-def _grads64(h, w, b, targets, g_lp, g_h, keep=None, temperature=1.0):
-    """float64 autograd of sum(g_lp lp + g_h H) w.r.t. (h, w, b), on the columns `keep` only (None: all)."""
-    x = [t.detach().double().requires_grad_() for t in (h, w, b)]
-    hd, wd, bd = x
-    cols = torch.arange(w.shape[0]) if keep is None else keep
-    remap = torch.full((w.shape[0],), -1, dtype=torch.long)
-    remap[cols] = torch.arange(cols.numel())
-    lp, ent = float64_head(hd, wd[cols], bd[cols], remap[targets], temperature)
-    (g_lp.double() * lp + g_h.double() * ent).sum().backward()
-    return lp.detach(), ent.detach(), [t.grad for t in x]
-
-
-def _rel(a, b):
-    return float((a.double() - b).abs().max() / b.abs().max().clamp(min=1e-30))
-
-
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("offset", OFFSETS)
 def test_entropy_gradient_of_confident_tokens(offset, path):
@@ -137,24 +91,10 @@ def test_entropy_gradient_of_confident_tokens(offset, path):
     leaves = [t.clone().requires_grad_() for t in (h, w, b)]
     _, ent, loss = head_call(path, *leaves, targets, g_lp, g_h)
     grads = torch.autograd.grad(loss, leaves)
-    _, ent64, grads64 = _grads64(h, w, b, targets, g_lp, g_h)
+    _, ent64, want_grads = grads64(h, w, b, targets, g_lp, g_h)
     assert float(ent64.max()) < 2e-2
-    for name, got, want in zip(("hidden", "weight", "bias"), grads, grads64):
-        assert _rel(got, want) <= 1e-3, (name, _rel(got, want))
-
-
-def masked_case(seed: int = 0):
-    """Every third column and the last 40 masked by a bias of -inf; targets on unmasked columns."""
-    g = torch.Generator().manual_seed(seed)
-    h, w = torch.randn(N, D, generator=g), torch.randn(V, D, generator=g) * 0.5
-    b = torch.randn(V, generator=g)
-    masked = torch.zeros(V, dtype=torch.bool)
-    masked[::3] = True
-    masked[-40:] = True
-    b[masked] = float("-inf")
-    keep = (~masked).nonzero().squeeze(1)
-    targets = keep[torch.randint(0, keep.numel(), (N,), generator=g)]
-    return h, w, b, targets, masked, keep
+    for name, got, want in zip(("hidden", "weight", "bias"), grads, want_grads):
+        assert rel_err(got, want) <= 1e-3, (name, rel_err(got, want))
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -167,13 +107,13 @@ def test_masked_vocabulary_is_finite_and_exact(path, entropy_grad):
     leaves = [t.clone().requires_grad_() for t in (h, w, b)]
     lp, ent, loss = head_call(path, *leaves, targets, g_lp, g_h, temperature=0.7)
     grads = torch.autograd.grad(loss, leaves)
-    lp64, ent64, (dh64, dw64, db64) = _grads64(h, w, b, targets, g_lp, g_h, keep, temperature=0.7)
+    lp64, ent64, (dh64, dw64, db64) = grads64(h, w, b, targets, g_lp, g_h, keep, temperature=0.7)
     torch.testing.assert_close(lp.detach().double(), lp64, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent.detach().double(), ent64, rtol=1e-5, atol=1e-6)
     dh, dw, db = grads
     assert all(bool(torch.isfinite(x).all()) for x in grads)
     assert bool((dw[masked] == 0).all()) and bool((db[masked] == 0).all())
-    assert _rel(dh, dh64) <= 1e-5 and _rel(dw, dw64) <= 1e-5 and _rel(db, db64) <= 1e-5
+    assert rel_err(dh, dh64) <= 1e-5 and rel_err(dw, dw64) <= 1e-5 and rel_err(db, db64) <= 1e-5
 
 
 def test_reference_masked_vocabulary():
@@ -181,7 +121,7 @@ def test_reference_masked_vocabulary():
     leaves = [t.clone().requires_grad_() for t in (h, w, b)]
     out = R.linear_logprobs(*leaves[:2], targets, bias=leaves[2])
     (out.logprobs.sum() + out.entropy.sum()).backward()
-    lp64, ent64, _ = _grads64(h, w, b, targets, torch.ones(N), torch.ones(N), keep)
+    lp64, ent64, _ = grads64(h, w, b, targets, torch.ones(N), torch.ones(N), keep)
     torch.testing.assert_close(out.entropy.double(), ent64, rtol=1e-5, atol=1e-6)
     assert all(bool(torch.isfinite(x.grad).all()) for x in leaves)
     assert bool((leaves[2].grad[masked] == 0).all())

@@ -1,0 +1,68 @@
+"""Shared cases and the float64 twin of the head-numerics tests (tests/test_head_numerics.py on the torch
+backend, tests/interpret/test_head_numerics_kernels.py on the Triton kernels)."""
+
+from __future__ import annotations
+
+import torch
+
+N, D, V = 48, 16, 257
+
+
+def float64_head(h, w, b, targets, temperature=1.0):
+    """(logprob, entropy) of `(h W^T + b) / T` in float64 with 0 log 0 = 0 — independent of the library."""
+    z = (h.double() @ w.double().T + b.double()) / temperature
+    logp = torch.log_softmax(z, -1)
+    p = logp.exp()
+    ent = -(p * torch.where(p > 0, logp, torch.zeros((), dtype=torch.float64))).sum(-1)
+    return logp.gather(1, targets[:, None]).squeeze(1), ent
+
+
+def confident_rows(offset: float, seed: int = 0):
+    """Rows from nearly uniform to one token with all the mass (H from ~1 down to ~1e-12), logits near
+    `offset` (a common bias)."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(N, D, generator=g) * torch.logspace(-1, 0.9, N)[:, None]
+    w = torch.randn(V, D, generator=g)
+    b = torch.full((V,), offset) + 0.1 * torch.randn(V, generator=g)
+    targets = torch.randint(0, V, (N,), generator=g)
+    return h, w, b, targets
+
+
+def assert_entropy_exact(ent, ent64):
+    ent = ent.detach().double()
+    assert bool((ent >= 0).all()), "negative entropy"
+    big = ent64 >= 1e-5
+    assert big.any() and (~big).any(), "the rows must span both regimes"
+    rel = ((ent - ent64).abs() / ent64)[big].max()
+    small = (ent - ent64).abs()[~big].max()
+    assert rel <= 1e-3 and small <= 1e-7, (float(rel), float(small))
+
+
+def grads64(h, w, b, targets, g_lp, g_h, keep=None, temperature=1.0):
+    """float64 autograd of sum(g_lp lp + g_h H) w.r.t. (h, w, b), on the columns `keep` only (None: all)."""
+    x = [t.detach().double().requires_grad_() for t in (h, w, b)]
+    hd, wd, bd = x
+    cols = torch.arange(w.shape[0]) if keep is None else keep
+    remap = torch.full((w.shape[0],), -1, dtype=torch.long)
+    remap[cols] = torch.arange(cols.numel())
+    lp, ent = float64_head(hd, wd[cols], bd[cols], remap[targets], temperature)
+    (g_lp.double() * lp + g_h.double() * ent).sum().backward()
+    return lp.detach(), ent.detach(), [t.grad for t in x]
+
+
+def rel_err(a, b):
+    return float((a.double() - b).abs().max() / b.abs().max().clamp(min=1e-30))
+
+
+def masked_case(seed: int = 0):
+    """Every third column and the last 40 masked by a bias of -inf; targets on unmasked columns."""
+    g = torch.Generator().manual_seed(seed)
+    h, w = torch.randn(N, D, generator=g), torch.randn(V, D, generator=g) * 0.5
+    b = torch.randn(V, generator=g)
+    masked = torch.zeros(V, dtype=torch.bool)
+    masked[::3] = True
+    masked[-40:] = True
+    b[masked] = float("-inf")
+    keep = (~masked).nonzero().squeeze(1)
+    targets = keep[torch.randint(0, keep.numel(), (N,), generator=g)]
+    return h, w, b, targets, masked, keep
