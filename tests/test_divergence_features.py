@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from _alloc import LargestAllocation
 from test_losses_common import rel_err
 
 from ludic_fast import linear_divergence
@@ -338,3 +339,24 @@ def test_tensor_temperature_per_token_and_bad_entries():
     bad = torch.zeros(N, dtype=torch.bool)
     bad[[2, 4, 7]] = True
     assert out[bad].isnan().all() and torch.equal(out[~bad], ones[~bad])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_no_tokens_by_vocab_tensor(reduction):
+    """Top-k teacher (both tails), softcap, per-token temperature, hard labels and the entropy: no op output
+    as large as N x V (a dense teacher's [N, V] probabilities are the caller's own tensor)."""
+    n = 40  # N x V above the parameters' V x D
+    g = torch.Generator().manual_seed(18)
+    hs = torch.randn(n, DS, generator=g, requires_grad=True)
+    Ws = torch.randn(V, DS, generator=g, requires_grad=True)
+    tgt = torch.randint(0, V, (n,), generator=g)
+    idx = torch.randn(n, V, generator=g).argsort(-1)[:, :K]
+    lp = torch.full((n, K), math.log(0.15))
+    for tail in ("renormalize", "bucket"):
+        with LargestAllocation() as probe:
+            out, _ = linear_divergence(hs, Ws, teacher_topk=(idx, lp), teacher_tail=tail, targets=tgt, kind="jsd",
+                                       softcap=2.0, hard_weight=0.2, return_entropy=True,
+                                       temperature=1.0 if tail == "bucket" else torch.rand(n) + 0.5,
+                                       memory_budget=BUDGET, reduction=reduction)
+            out.sum().backward()
+        assert probe.largest < n * V, (probe.op, probe.largest)
