@@ -64,9 +64,10 @@ def linear_logprobs(
     """Per-token log p(y) and entropy of `z = softcap(logit_scale (h W^T + b)) / T`, without [N, V] logits.
 
     hidden [..., D] (any float dtype, any strides), weight [V, D], targets [...] ints, temperature a float
-    or a tensor with the shape of targets. Returns float32 `HeadOutput(logprobs, entropy, lse)` with the
-    shape of targets; logprobs and entropy are 0 where `targets == ignore_index`. Differentiable w.r.t.
-    hidden, weight and bias for any upstream gradients of logprobs and entropy:
+    or a tensor with the shape of targets. Returns `HeadOutput(logprobs, entropy, lse)` with the shape of
+    targets, float32 (float64 when hidden or weight is float64); logprobs and entropy are 0 where
+    `targets == ignore_index`. Differentiable w.r.t. hidden, weight and bias for any upstream gradients of
+    logprobs and entropy:
     dz_j = g_lp (1[j=y] - p_j) - g_H p_j (z_j - E_p z).
 
     `memory_budget`: bytes (an int, or a string like '4GiB') the call may hold beyond its inputs and
