@@ -28,6 +28,7 @@ from ludic_fast.distributed.pipeline import (  # noqa: E402
     PipelineBatchSource,
     PipelineKeys,
     PipelineProducer,
+    StopRequested,
     decode_item,
     encode_item,
     run_pipeline_actor,
@@ -204,6 +205,41 @@ def test_actor_waits_at_the_queue_bound_and_stops_when_the_learner_is_done(serve
     assert "the learner finished while this actor waited" in caplog.text and "round 1: pushed 2 items" in caplog.text
     PipelineBatchSource(server.url, keys=keys, batch_size=2)  # a new learner clears the mark
     assert not prod.learner_done()
+
+
+@needs_server
+def test_actor_and_learner_stop_on_request(server):
+    """The actor pushes the round in progress, then stops; waiting for weights or at the bound it stops at
+    once. The learner's source raises StopRequested while it waits, and what it had read stays pending."""
+    import threading
+
+    stop = threading.Event()
+    rounds = []
+
+    def make_items(version):
+        rounds.append(version)
+        if len(rounds) == 2:
+            stop.set()  # the request arrives during the second round's rollouts
+        return [_item(0), _item(1)]
+
+    keys = PipelineKeys("stop")
+    prod = PipelineProducer(server.url, keys=keys, actor_id="S", max_queued=3)
+    assert run_pipeline_actor(make_items, prod, stop_requested=stop.is_set) == 3  # round 2 was cut at the bound
+    assert len(rounds) == 2
+    stop.clear()
+    threading.Timer(0.3, stop.set).start()
+    t0 = time.monotonic()  # never published weights: waits until the request
+    assert run_pipeline_actor(make_items, prod, poll_weights=lambda: None, wait_interval_s=0.05,
+                              stop_requested=stop.is_set) == 3
+    assert time.monotonic() - t0 < 5 and len(rounds) == 2
+    src = PipelineBatchSource(server.url, keys=keys, batch_size=4, block_ms=50,
+                              stop_requested=lambda: src.counters["received"] == 3)  # once it has read all 3
+    with pytest.raises(StopRequested, match="3 of 4 items read"):
+        src.next_batch_sync()
+    src.commit()  # nothing trained: nothing acknowledged
+    src.close()
+    again = PipelineBatchSource(server.url, keys=keys, batch_size=3, block_ms=50)
+    assert len(again.next_batch_sync().items) == 3  # the same consumer name reads its pending entries again
 
 
 # ------------------------------------------------------------------------------- delivery semantics

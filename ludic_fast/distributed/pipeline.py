@@ -19,7 +19,8 @@ Transport: one Redis stream (`<prefix>:items`) read through a consumer group (`<
 - Back-pressure and shutdown: a producer waits while the stream holds `max_queued` entries (1024 by
   default), so actors never run far ahead of the learner; a learner that has finished sets
   `<prefix>:done` (`PipelineBatchSource.mark_done`, cleared when a learner starts) and actors stop at
-  their next round or while they wait.
+  their next round or while they wait. An actor asked to stop (`run_pipeline_actor(stop_requested=...)`,
+  e.g. on SIGINT) finishes and pushes its current round, then stops; waiting at the bound, it stops at once.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ class MalformedPayloadError(ValueError):
 
 class LearnerDone(Exception):
     """The learner has marked the pipeline done (`<prefix>:done`): actors stop pushing."""
+
+
+class StopRequested(Exception):
+    """The actor was asked to stop while it waited for room in the stream."""
+
+
+def _never() -> bool:
+    return False
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,8 @@ class PipelineProducer:
     """Pushes SAWItems onto the stream with ids `<actor_id>:<n>`; a push survives Redis restarts (the same
     payload is re-sent until it is acknowledged, and the learner drops the repeat if both copies landed).
     `max_queued` bounds the entries waiting in the stream (None: unbounded): `push` waits while the stream
-    is that long, and raises LearnerDone if the learner marks the pipeline done meanwhile."""
+    is that long, and raises LearnerDone if the learner marks the pipeline done meanwhile (StopRequested
+    once its `stop_requested()` is true)."""
 
     def __init__(
         self,
@@ -148,13 +158,15 @@ class PipelineProducer:
         self._seq = itertools.count()
         self.pushed = 0
 
-    def push(self, item: SAWItem, policy_version: int) -> str:
+    def push(self, item: SAWItem, policy_version: int, *, stop_requested: Callable[[], bool] = _never) -> str:
         """Encode and XADD one item; returns its id."""
         item_id = f"{self.actor_id}:{next(self._seq)}"
         payload = encode_item(item, item_id=item_id, policy_version=policy_version)
         if self.max_queued is not None:
             waited = 0
             while self.queued() >= self.max_queued:
+                if stop_requested():
+                    raise StopRequested(item_id)
                 if waited % 20 == 0 and self.learner_done():  # about once a second
                     raise LearnerDone(self.keys.done)
                 time.sleep(0.05)
@@ -182,6 +194,7 @@ def run_pipeline_actor(
     poll_weights: Callable[[], int | None] | None = None,
     num_rounds: int | None = None,
     wait_interval_s: float = 0.5,
+    stop_requested: Callable[[], bool] = _never,
 ) -> int:
     """The actor loop: each round, `poll_weights()` (if given) loads newer published weights into the
     rollout policy and returns their version (None: nothing newer); then `make_items(policy_version)` runs
@@ -189,28 +202,36 @@ def run_pipeline_actor(
     `poll_weights`, the first round waits until some weights have been published (items must carry the
     version of the weights that generated them); without it every item has version 0. Runs `num_rounds`
     rounds (None: until the learner marks the pipeline done), logging each round; returns the number of
-    items pushed."""
+    items pushed. Once `stop_requested()` is true it stops after pushing the round in progress, or at once
+    while it waits for the first weights or for room in the stream (the round's remaining items are dropped)."""
     version = None if poll_weights is not None else 0
     rounds = itertools.count() if num_rounds is None else range(num_rounds)
     try:
         for r in rounds:
+            if stop_requested():
+                log.info("actor %s: stop requested; stopping after %d rounds", producer.actor_id, r)
+                break
             if producer.learner_done():
                 log.info("actor %s: the learner is done; stopping", producer.actor_id)
                 break
             if poll_weights is not None:
                 new = poll_weights()
                 while new is None and version is None:
+                    if stop_requested():
+                        raise StopRequested("waiting for the first weights")
                     time.sleep(wait_interval_s)
                     new = poll_weights()
                 version = version if new is None else new
             n = 0
             for item in make_items(version):
-                producer.push(item, version)
+                producer.push(item, version, stop_requested=stop_requested)
                 n += 1
             log.info("actor %s round %d: pushed %d items of policy version %d (%d in total, %d queued)",
                      producer.actor_id, r + 1, n, version, producer.pushed, producer.queued())
     except LearnerDone:
         log.info("actor %s: the learner finished while this actor waited; stopping", producer.actor_id)
+    except StopRequested as exc:
+        log.info("actor %s: stop requested while waiting (%s); stopping", producer.actor_id, exc)
     return producer.pushed
 
 
@@ -220,7 +241,9 @@ class PipelineBatchSource:
     first-seen items, acknowledging the previous batch's items first (see the module docstring).
 
     `current_version()` gives the learner's policy version for `max_lag` (default: the version last
-    published under `keys.weights`). `counters` counts received entries and the malformed, duplicate and
+    published under `keys.weights`). Once `stop_requested()` is true, a `next_batch` still waiting for items
+    raises StopRequested (within `block_ms`); the entries it had read stay pending, and a learner restarted
+    with the same `consumer` name reads them again. `counters` counts received entries and the malformed, duplicate and
     stale drops; they are also copied into each batch's meta as `pipeline_<name>` (cumulative).
     """
 
@@ -236,6 +259,7 @@ class PipelineBatchSource:
         block_ms: int = 1000,
         retry_timeout_s: float = 120.0,
         max_remembered_ids: int = 1_000_000,
+        stop_requested: Callable[[], bool] = _never,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -252,6 +276,7 @@ class PipelineBatchSource:
             redis_url, retry_timeout_s=retry_timeout_s, socket_timeout_s=block_ms / 1000 + 30.0
         )
         self._current_version = current_version or self._published_version
+        self._stop_requested = stop_requested
         self._max_ids = max_remembered_ids
         self._seen: OrderedDict[str, None] = OrderedDict()  # delivered item ids, oldest first
         self._unacked: list[bytes] = []  # entries of batches already returned
@@ -344,7 +369,10 @@ class PipelineBatchSource:
         self.commit()
         version = self._current_version()
         items: list[SAWItem] = []
+        taken: list[bytes] = []  # acknowledged with the next batch, once trained on
         while len(items) < self.batch_size:
+            if self._stop_requested():  # `taken` stays pending: a restart re-reads it
+                raise StopRequested(f"waiting for a batch ({len(items)} of {self.batch_size} items read)")
             dropped: list[bytes] = []
             for entry_id, fields in self._read(self.batch_size - len(items)):
                 self._held.add(entry_id)
@@ -353,8 +381,9 @@ class PipelineBatchSource:
                     dropped.append(entry_id)
                 else:
                     items.append(item)
-                    self._unacked.append(entry_id)
+                    taken.append(entry_id)
             self._ack(dropped)
+        self._unacked.extend(taken)
         self.counters["delivered"] += len(items)
         rewards = [float(i.meta.get("total_reward", 0.0)) for i in items]
         meta: dict[str, Any] = {
