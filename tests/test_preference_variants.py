@@ -136,7 +136,7 @@ def _one_token_pairs(ref_offsets, n_vocab=3):
 def test_hand_derived_loss_types(loss_type, beta, eps, expected):
     batch, h, W = _one_token_pairs([1.0, -1.0])
     loss, stats = P.DPOLoss(loss_type=loss_type, beta=beta, label_smoothing=eps)(batch, hidden=h, weight=W)
-    assert abs(float(loss) - expected) < 1e-6, (float(loss), expected)
+    assert abs(loss.item() - expected) < 1e-6, (loss.item(), expected)
     assert abs(float(stats["kl_chosen"]) - 1.0) < 1e-6 and abs(float(stats["kl_rejected"]) + 1.0) < 1e-6
 
 
@@ -147,11 +147,11 @@ def test_hand_derived_cpo_and_combination():
     for kw, want in ((dict(), math.log(2) + math.log(3)), (dict(loss_type="hinge", cpo_alpha=0.0), 1.0),
                      (dict(loss_type="ipo", beta=0.25, cpo_alpha=0.5), 4.0 + 0.5 * math.log(3))):
         loss, stats = P.CPOLoss(**kw)(batch, hidden=h, weight=W)
-        assert abs(float(loss) - want) < 1e-6, (kw, float(loss), want)
+        assert abs(loss.item() - want) < 1e-6, (kw, loss.item(), want)
         assert abs(float(stats["nll"]) - math.log(3)) < 1e-6
     # RPO = sigmoid + α sft with c_w = c_l = 0: log 2 + α log 3
     loss, _ = P.make_preference_loss(["sigmoid", "sft"], weights=[1.0, 0.5])(batch, hidden=h, weight=W)
-    assert abs(float(loss) - (math.log(2) + 0.5 * math.log(3))) < 1e-6
+    assert abs(loss.item() - (math.log(2) + 0.5 * math.log(3))) < 1e-6
 
 
 def test_hand_derived_entropy_and_wpo_weight():
@@ -160,7 +160,7 @@ def test_hand_derived_entropy_and_wpo_weight():
     loss, stats = P.DPOLoss(use_weighting=True, entropy_stats=True, beta=0.5)(batch, hidden=h, weight=W)
     assert abs(float(stats["entropy_chosen"]) - math.log(3)) < 1e-6
     assert abs(float(stats["wpo_weight"]) - 1.0) < 1e-6
-    assert abs(float(loss) - math.log1p(math.exp(-1.0))) < 1e-6
+    assert abs(loss.item() - math.log1p(math.exp(-1.0))) < 1e-6
 
 
 def test_ld_alpha_weights_the_longer_tail():
@@ -177,7 +177,7 @@ def test_ld_alpha_weights_the_longer_tail():
         c = ((lp - ref[:, 1:]) * w).sum(1)
         expected = F.softplus(-0.1 * (c[0] - c[1]))
         loss, _ = P.DPOLoss(ld_alpha=a)(batch, hidden=h, weight=W)
-        assert abs(float(loss) - float(expected)) < 1e-6, a
+        assert abs(loss.item() - float(expected)) < 1e-6, a
 
 
 # ------------------------------------------------------------------------------------- factory, validation
@@ -280,3 +280,14 @@ def test_dpo_loss_types_match_liger(loss_type):
     assert rel_err(loss, peer) <= 1e-5, (float(loss.detach()), float(peer.detach()))
     for g, pg in zip(grads, peer_grads):
         assert rel_err(g, pg) <= 1e-4
+
+
+def test_what_a_trainer_must_provide():
+    # the reference model's log-probs: DPO / IPO / KTO read them, the reference-free losses do not; LD-DPO
+    # needs them per token
+    needs = {type(f).__name__: f.uses_reference for f in (P.DPOLoss(), P.IPOLoss(), P.KTOLoss(), P.CPOLoss(),
+                                                            P.SimPOLoss(), P.ORPOLoss())}
+    assert needs == {"DPOLoss": True, "IPOLoss": True, "KTOLoss": True, "CPOLoss": False, "SimPOLoss": False,
+                     "ORPOLoss": False}
+    assert P.DPOLoss(ld_alpha=0.5).needs_token_reference and not P.DPOLoss().needs_token_reference
+    assert not P.CPOLoss().needs_token_reference and not P.KTOLoss().needs_token_reference

@@ -8,6 +8,7 @@ dtype of its inputs: float32 for float32 / bf16 / fp16 log-probs, float64 for fl
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -108,11 +109,18 @@ def policy_stats(lp: Tensor, H: Tensor | None, tb: TokenBatch, with_reference: b
 
 class PairLoss(HeadLoss):
     """A loss of the pair sums (L_w, L_l) [P]: coupled within pairs only. `entropy_stats` (a dataclass field of
-    each subclass) makes the head compute the policy's entropy for the statistics."""
+    each subclass) makes the head compute the policy's entropy for the statistics. `uses_reference`: whether
+    the batch must carry the reference model's log-probs; `needs_token_reference`: whether as per-token
+    batch['ref_logps'] (sums in batch['ref_seq_logps'] do not suffice)."""
 
     coupled = True
+    uses_reference: ClassVar[bool] = False
     length_normalize: bool
     entropy_stats: bool
+
+    @property
+    def needs_token_reference(self) -> bool:
+        return False
 
     @property
     def needs_entropy(self) -> bool:  # type: ignore[override]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -75,6 +76,11 @@ class DPOLoss(PairLoss):
     use_weighting: bool = False
     discopop_tau: float | None = None
     entropy_stats: bool = False
+    uses_reference: ClassVar[bool] = True
+
+    @property
+    def needs_token_reference(self) -> bool:
+        return self.ld_alpha is not None
 
     def __post_init__(self) -> None:
         check_beta(self.beta, self.label_smoothing)
@@ -170,6 +176,7 @@ class IPOLoss(PairLoss):
     beta: float = 0.1
     length_normalize: bool = True
     entropy_stats: bool = False
+    uses_reference: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         check_beta(self.beta)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -28,6 +29,8 @@ class KTOLoss(HeadLoss):
     undesirable_weight: float = 1.0
     length_normalize: bool = False
     coupled = True
+    uses_reference: ClassVar[bool] = True
+    needs_token_reference: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         check_beta(self.beta)
