@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from typing import NamedTuple, TypeVar
 
@@ -77,23 +78,36 @@ def validate_head_inputs(
             raise ValueError(f"bias must have shape [{V}], got {tuple(bias.shape)}")
     if not isinstance(logit_scale, (int, float)) or isinstance(logit_scale, bool):
         raise TypeError(f"logit_scale must be a float, got {type(logit_scale).__name__}")
-    if softcap is not None and (not isinstance(softcap, (int, float)) or softcap <= 0):
-        raise ValueError(f"softcap must be a positive float or None, got {softcap!r}")
+    if not math.isfinite(logit_scale):
+        raise ValueError(f"logit_scale must be finite, got {logit_scale}")
+    if softcap is not None and (
+        not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not 0 < softcap < math.inf
+    ):
+        raise ValueError(f"softcap must be a finite positive float or None, got {softcap!r}")
+    bad_temperature = None
     if isinstance(temperature, Tensor):
         if tuple(temperature.shape) not in ((), tuple(targets.shape)):
             raise ValueError(
                 f"temperature tensor must be a scalar or have the shape of targets {tuple(targets.shape)}, "
                 f"got {tuple(temperature.shape)}"
             )
-        if temperature.numel() and bool((temperature <= 0).any()):
-            raise ValueError("temperature must be > 0 everywhere")
+        if temperature.dtype == torch.bool or temperature.is_complex():
+            raise TypeError(f"temperature tensor must be real, got {temperature.dtype}")
+        if temperature.requires_grad:
+            raise ValueError("temperature requires grad, but the head gives it no gradient: pass temperature.detach()")
+        bad_temperature = ~((temperature > 0) & (temperature < math.inf))  # also NaN
     elif not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
         raise TypeError(f"temperature must be a float or a tensor, got {type(temperature).__name__}")
-    elif temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    elif not 0 < temperature < math.inf:
+        raise ValueError(f"temperature must be finite and > 0, got {temperature}")
     upper = vocab_size if vocab_size is not None else V
     out_of_range = (targets != ignore_index) & ((targets < 0) | (targets >= upper))
-    if targets.numel() and bool(out_of_range.any()):  # the one host sync of a valid call
+    # the one host sync of a valid call: the target range and the temperature values, read back together
+    checks = [out_of_range.any()] + ([] if bad_temperature is None else [bad_temperature.any().to(targets.device)])
+    target_bad, *temperature_bad = torch.stack(checks).tolist()
+    if any(temperature_bad):
+        raise ValueError("temperature must be finite and > 0 everywhere (found a value <= 0, inf or NaN)")
+    if target_bad:
         bad = targets[out_of_range]
         raise ValueError(
             f"targets must lie in [0, {upper}) or equal ignore_index={ignore_index}; "

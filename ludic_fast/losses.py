@@ -269,11 +269,19 @@ class MaskedCausalLMCrossEntropyLoss(HeadLoss):
         }
 
 
+def _check_at_least(name: str, value: float, low: float, strict: bool = False) -> None:
+    """ValueError naming `name` unless value >= low (> low when strict); NaN never passes."""
+    ok = value > low if strict else value >= low
+    if not ok:  # also NaN
+        raise ValueError(f"{name} must be {'>' if strict else '>='} {low}, got {value}")
+
+
 def _check_eps(low: float, high: float, ratio_clip: float | None) -> None:
-    if low < 0 or high < 0:
-        raise ValueError(f"clip_eps_low and clip_eps_high must be >= 0, got {low}, {high}")
-    if ratio_clip is not None and ratio_clip <= 0:
-        raise ValueError(f"ratio_clip must be > 0, got {ratio_clip}")
+    """Clip widths ε >= 0 keep the bounds 1 - ε_lo <= 1 <= 1 + ε_hi in order."""
+    _check_at_least("clip_eps_low", low, 0.0)
+    _check_at_least("clip_eps_high", high, 0.0)
+    if ratio_clip is not None:
+        _check_at_least("ratio_clip", ratio_clip, 0.0, strict=True)
 
 
 @dataclass
@@ -445,8 +453,8 @@ class PolicyOptions:
             raise ValueError(f"kl_estimator must be one of {_KL_ESTIMATORS}, got {self.kl_estimator!r}")
         if self.entropy_top_rho is not None and not 0 < self.entropy_top_rho <= 1:
             raise ValueError(f"entropy_top_rho must lie in (0, 1], got {self.entropy_top_rho}")
-        if self.alpha_zvp is not None and self.alpha_zvp < 0:
-            raise ValueError(f"alpha_zvp must be >= 0, got {self.alpha_zvp}")
+        if self.alpha_zvp is not None:
+            _check_at_least("alpha_zvp", self.alpha_zvp, 0.0)
 
 
 class _TokenPolicyLoss(HeadLoss, PolicyOptions):
@@ -578,8 +586,8 @@ class TokenClippedSurrogateLoss(_TokenPolicyLoss):
 
     def __post_init__(self) -> None:
         _check_eps(self.clip_eps_low, self.clip_eps_high, self.ratio_clip)
-        if self.dual_clip is not None and self.dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
+        if self.dual_clip is not None:
+            _check_at_least("dual_clip", self.dual_clip, 1.0, strict=True)
         self._check_options()
 
     def _policy(self, lp, ratio, adv):
@@ -605,8 +613,7 @@ class CISPOLoss(_TokenPolicyLoss):
     cispo_bound: str = field(default="relative", kw_only=True)
 
     def __post_init__(self) -> None:
-        if self.clip_eps_high < 0:
-            raise ValueError(f"clip_eps_high must be >= 0, got {self.clip_eps_high}")
+        _check_eps(self.clip_eps_low, self.clip_eps_high, None)
         if self.cispo_bound not in ("relative", "absolute"):
             raise ValueError(f"cispo_bound must be 'relative' or 'absolute', got {self.cispo_bound!r}")
         self._check_options()
@@ -646,8 +653,7 @@ class ScaleRLLoss(_TokenPolicyLoss):
     length_normalize: bool = field(default=True, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.eps_max <= 0:
-            raise ValueError(f"eps_max must be > 0, got {self.eps_max}")
+        _check_at_least("eps_max", self.eps_max, 0.0, strict=True)
         self._check_options()
 
     def _default_aggregation(self) -> str:
@@ -666,8 +672,8 @@ class SAPOLoss(_TokenPolicyLoss):
     length_normalize: bool = False
 
     def __post_init__(self) -> None:
-        if self.tau_pos <= 0 or self.tau_neg <= 0:
-            raise ValueError(f"tau_pos and tau_neg must be > 0, got {self.tau_pos}, {self.tau_neg}")
+        _check_at_least("tau_pos", self.tau_pos, 0.0, strict=True)
+        _check_at_least("tau_neg", self.tau_neg, 0.0, strict=True)
         self._check_options()
 
     def _policy(self, lp, ratio, adv):

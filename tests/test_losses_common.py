@@ -14,6 +14,8 @@ from ludic_fast.token_batch import TokenBatch
 B, T, D, V = 4, 9, 16, 37
 LENGTHS = [9, 7, 5, 8]  # row b holds positions [0, LENGTHS[b]); right padding after
 PROMPTS = [2, 3, 5, 1]  # row 2 has no action token (prompt fills it)
+#: sequence advantages of both signs, so every A < 0 branch (dual clip, low clip) runs (test_losses_parity)
+ADV_SIGNS = torch.tensor([1.0, -1.0, 1.0, -1.0])
 
 
 def draw_rows(g: torch.Generator, lengths: list[int], prompts: list[int], dtype: torch.dtype):
@@ -44,7 +46,7 @@ def make_batch(seed: int = 0, dtype: torch.dtype = torch.float32, token_adv: boo
         "input_ids": ids,
         "attention_mask": attn,
         "action_mask": amask,
-        "weight": torch.randn(B, generator=g),
+        "weight": torch.randn(B, generator=g).abs() * ADV_SIGNS,
         "actor_logps": actor,
         "old_logp_action": actor.sum(1),
         "ref_logps": (lp_true + 0.3 * torch.randn(B, T, generator=g)) * amask,

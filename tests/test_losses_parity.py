@@ -7,6 +7,7 @@ import pytest
 import torch
 from test_losses_common import CASE_IDS, CASES, TOKEN_ADV_CASES, make_batch, rel_err, to_packed
 
+from ludic_fast import losses as L
 from ludic_fast import reference as R
 
 PATHS = ("fused", "generic", "logits")
@@ -126,3 +127,48 @@ def test_memory_budget_chunks_the_head(name, path):
         assert rel_err(g, rg) <= 1e-5
     with pytest.raises(ValueError, match="memory_budget"):
         ours_fn(batch, hidden=h, weight=W, bias=b, fused=path == "fused", memory_budget="-1GiB")
+
+
+PARITY_SEEDS = (0, 1, 3, 5)  # the seeds of make_batch the tests above use
+
+
+@pytest.mark.parametrize("seed", PARITY_SEEDS)
+def test_parity_batches_run_every_clip_branch(seed):
+    """The parity data make the branches under test fire: sequences of both advantage signs, and with
+    r = p / p_actor on action tokens, PPO's dual clip (A < 0, r > c = 1.5), its low clip (r < 1 - 0.2) and high
+    clip (r > 1 + 0.27) for each sign (the defaults of TokenClippedSurrogateLoss and the dual-clip case)."""
+    batch, h, W, b = make_batch(seed)
+    lp = R.compute_token_logp(R.head_logits(h, W, b), batch["input_ids"]).detach()
+    mask = batch["action_mask"][:, 1:] > 0
+    r = torch.exp(lp - batch["actor_logps"][:, 1:])
+    adv = batch["weight"][:, None].expand_as(r)
+    for sign in (1.0, -1.0):
+        on = mask & (adv * sign > 0)
+        assert bool(on.any()) and bool((on & (r < 0.8)).any()) and bool((on & (r > 1.27)).any()), sign
+    assert bool((mask & (adv < 0) & (r > 1.5)).any()), "no token takes the dual clip"
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_dual_clip_by_hand(path):
+    """One action token, A = -1, r = e^2 (7.39), dual_clip c = 1.5: PPO's min(r A, clip(r) A) = -7.39 is
+    raised to c A = -1.5, so the loss is 1.5 and its gradient 0 (the dual branch is constant in lp)."""
+    logits = torch.tensor([[[0.7, -0.4, 1.2], [0.0, 0.0, 0.0]]], requires_grad=True)
+    lp = float(torch.log_softmax(logits[0, 0].detach(), -1)[2])
+    batch = {
+        "input_ids": torch.tensor([[0, 2]]),
+        "attention_mask": torch.ones(1, 2, dtype=torch.long),
+        "action_mask": torch.tensor([[0.0, 1.0]]),
+        "weight": torch.tensor([-1.0]),
+        "actor_logps": torch.tensor([[0.0, lp - 2.0]]),
+    }
+    loss_fn = L.TokenClippedSurrogateLoss(aggregation="token_mean", dual_clip=1.5)
+    if path == "logits":
+        loss, _ = loss_fn(batch, logits=logits)
+        leaves = (logits,)
+    else:  # the same logits as h W^T: hidden (1, 1, 1) at position 0, weight = diag(logits)
+        hidden = torch.tensor([[[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]], requires_grad=True)
+        weight = torch.diag(logits[0, 0].detach()).requires_grad_(True)
+        loss, _ = loss_fn(batch, hidden=hidden, weight=weight, fused=path == "fused")
+        leaves = (hidden, weight)
+    assert abs(float(loss.detach()) - 1.5) <= 1e-6
+    assert all(float(g.abs().max()) == 0.0 for g in torch.autograd.grad(loss, leaves))
