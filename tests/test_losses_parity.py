@@ -172,3 +172,30 @@ def test_dual_clip_by_hand(path):
         leaves = (hidden, weight)
     assert abs(float(loss.detach()) - 1.5) <= 1e-6
     assert all(float(g.abs().max()) == 0.0 for g in torch.autograd.grad(loss, leaves))
+
+
+ENTROPY_CASES = ["zvp_cispo", "entropy_bonus", "ppo_prompt_mis_seq_entropy", "sapo_token_mean_entropy", "composite",
+                 "composite_coupled"]
+
+
+@pytest.mark.parametrize("name", ENTROPY_CASES)
+def test_entropy_losses_on_default_chunks_without_softcap(name):
+    """The fused mode's default CPU chunking (whole vocabulary rows: `_RowEpilogue`, which forms the entropy
+    gradient in place) under a head with temperature and logit scale but no softcap, against the reference
+    and the generic (unfused) path."""
+    from ludic_fast.ops.plan import plan_head
+
+    _, ours_fn, ref_fn = CASES[CASE_IDS.index(name)]
+    head = {"logit_scale": 1.3, "temperature": 0.7}
+    batch, h, W, b = make_batch(2)
+    n = int((batch["action_mask"][:, 1:] > 0).sum())
+    plan = plan_head(n, W.shape[1], W.shape[0], dtype=torch.float32, mode="fused_loss", device="cpu",
+                     backend="torch")
+    assert plan.blocks[1] == W.shape[0], "the default chunk must hold whole vocabulary rows"
+    ref_loss = ref_fn(batch, logits=R.head_logits(h, W, b, **head))[0]
+    ref_grads = torch.autograd.grad(ref_loss, (h, W, b))
+    for fused in (True, False):
+        loss, _ = ours_fn(batch, hidden=h, weight=W, bias=b, fused=fused, **head)
+        assert rel_err(loss, ref_loss) <= 1e-5
+        for g, rg in zip(torch.autograd.grad(loss, (h, W, b)), ref_grads):
+            assert rel_err(g, rg) <= 1e-5
