@@ -195,6 +195,15 @@ WORKLOADS: dict[str, Workload] = {
             liger_loss="LigerFusedLinearJSDLoss",
             liger_kwargs={"beta": 0.5, "weight_hard_loss": 0.0, "weight_soft_loss": 1.0},
         ),
+        *(Workload(  # the peers' generalised JSD at beta 0 / 1 is forward / reverse KL
+            kind_name,
+            f"distillation: {kind_name.replace('_', ' ')} (T 1) of student vs teacher rows, token mean",
+            kind="distill",
+            reference_loss="linear_divergence",
+            loss_kwargs={"kind": kind_name, "beta": peer_beta},
+            liger_loss="LigerFusedLinearJSDLoss",
+            liger_kwargs={"beta": peer_beta, "weight_hard_loss": 0.0, "weight_soft_loss": 1.0},
+        ) for kind_name, peer_beta in (("forward_kl", 0.0), ("reverse_kl", 1.0))),
     )
 }
 
