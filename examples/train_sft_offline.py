@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--resume", action="store_true")
     args = p.parse_args()
     tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
     trainer = Trainer(
         model=model, algo=make_sft(length_normalize=True),
         batch_source=OfflineBatchSource.from_chat_jsonl(args.data, tok, batch_size=args.batch_size),

@@ -144,6 +144,12 @@ class CheckpointManager:
         ckpts = self.checkpoints()
         return ckpts[-1][1] if ckpts else None
 
+    def latest_step(self) -> int | None:
+        """The step of the checkpoint `resolve()` loads by default, or None when there is none."""
+        ckpt = self.resolve()
+        m = None if ckpt is None else _STEP_DIR.match(ckpt.name)
+        return None if m is None else int(m.group(1))
+
     # ------------------------------------------------------------------------------------------ save
     def maybe_save(
         self,

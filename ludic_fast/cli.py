@@ -16,7 +16,7 @@ _COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="ludic-fast", description=__doc__)
-    usage = "; ".join(f"{name}: {text}" for name, (_, text) in _COMMANDS.items())
+    usage = "; ".join(f"{name}: {text.rstrip('.')}" for name, (_, text) in _COMMANDS.items())
     parser.add_argument("command", choices=sorted(_COMMANDS), help=usage)
     args = parser.parse_args(argv[:1])
     module = importlib.import_module(_COMMANDS[args.command][0])

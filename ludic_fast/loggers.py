@@ -7,7 +7,8 @@ RichLiveLogger  a rich Live dashboard: train / eval / perf panels (keys split by
                 keys to eval, `perf/` and `gpu_` keys to perf) and a sparkline of `spark_key` (falling back
                 to `train/<spark_key>`) over the last min(history, spark_window, width) values, min-max scaled;
                 the phase and step counter in the header, warnings in a panel of their own.
-JSONLLogger     one JSON object per call `{"step": N, **extra, **stats}` appended to a file (flushed).
+JSONLLogger     one JSON object per call `{"step": N, **extra, **stats}` appended to a file (flushed);
+                `keep_jsonl_records` drops the records past a resumed run's checkpoint.
 TeeLogger       fans out to several loggers (optionally without some keys); a failing logger is reported
                 once per call and skipped.
 WandbLogger     `wandb.log(stats, step=step)`; wandb imported lazily; project defaults to $WANDB_PROJECT or "Ludic".
@@ -21,10 +22,11 @@ import math
 import os
 import sys
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ludic_fast.atomic_io import atomic_write_text
 from ludic_fast.jsonl import jsonl_objects
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
@@ -107,6 +109,15 @@ class JSONLLogger:
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records a JSONLLogger wrote."""
     return [record for _, record in jsonl_objects(path)]
+
+
+def keep_jsonl_records(path: str | os.PathLike[str], keep: Callable[[dict[str, Any]], bool]) -> None:
+    """Rewrite a JSONLLogger's file (atomically) with only the records `keep` accepts; a missing file stays so.
+    A resumed run keeps the records up to its checkpoint's step and logs the later steps again."""
+    if not Path(path).exists():
+        return
+    kept = [r for r in read_jsonl(path) if keep(r)]
+    atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in kept))
 
 
 class TeeLogger:
@@ -349,6 +360,7 @@ __all__ = [
     "PrintLogger",
     "RichLiveLogger",
     "JSONLLogger",
+    "keep_jsonl_records",
     "TeeLogger",
     "WandbLogger",
     "plot_curves",

@@ -12,8 +12,10 @@ Outputs under --output-dir: metrics.jsonl (phase = the preset), curves.png (the 
 loss), summary.json (the metric's first/last-10 means), model/ (the trained model and tokenizer,
 save_pretrained; reward adds model/value_head.safetensors), checkpoints under <preset>/ when
 `--checkpoint-every` > 0; `--resume` continues from the latest of them (metrics.jsonl keeps the records up
-to its step). The metric: rewards_accuracy for the pair presets and reward, the rewards margin (chosen -
-rejected) for kto, the loss for distill.
+to its step; without a checkpoint there it is an error). The first SIGINT / SIGTERM finishes the current
+step, checkpoints (when on), writes everything above and exits 130 / 143 (`ludic-fast train`). The
+metric: rewards_accuracy for the pair presets and reward, the rewards margin (chosen - rejected) for kto,
+the loss for distill.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import copy
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,8 +33,9 @@ from typing import Any
 import torch
 
 from ludic_fast.checkpoint import CheckpointManager
-from ludic_fast.cli_validation import UsageError, check_args, check_device
-from ludic_fast.loggers import JSONLLogger, TeeLogger, plot_curves, read_jsonl
+from ludic_fast.cli_validation import UsageError, check_args, check_device, check_output_dir
+from ludic_fast.engine.stop import StopOnSignal
+from ludic_fast.loggers import JSONLLogger, TeeLogger, keep_jsonl_records, plot_curves, read_jsonl
 from ludic_fast.offline_trainer import (
     DistillObjective,
     OfflineConfig,
@@ -109,7 +113,7 @@ def _objective(args: argparse.Namespace, model: torch.nn.Module, tok: Any, examp
         else:
             from transformers import AutoModelForCausalLM
 
-            teacher = AutoModelForCausalLM.from_pretrained(args.teacher, torch_dtype=torch.float32).eval()
+            teacher = AutoModelForCausalLM.from_pretrained(args.teacher, dtype=torch.float32).eval()
             teacher.requires_grad_(False)
         return DistillObjective(teacher, kind=args.distill_kind, beta=args.distill_beta,
                                 temperature=args.distill_temperature, hard_weight=args.hard_weight,
@@ -137,26 +141,30 @@ def _check(args: argparse.Namespace, command: str) -> None:
     check_args(args)
 
 
-def main(args: argparse.Namespace, command: str) -> int:
-    """Run an offline preset (module docstring); 2 after a one-line error for a bad input."""
+def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = None) -> int:
+    """Run an offline preset (module docstring); 2 after a one-line error for a bad input, 130 / 143 when
+    stopped by SIGINT / SIGTERM through `stop`."""
     from ludic_fast import train_cli
 
     t0 = time.perf_counter()
+    stop = stop or StopOnSignal()
     try:
         _check(args, command)
         tok = train_cli.build_tokenizer(args)
         chat = train_cli.resolve_chat_template(tok, args.chat_template)
         examples = _examples(args, tok, chat)
+        args.output_dir = args.output_dir or train_cli.default_output_dir(args, command)
+        out = check_output_dir(args.output_dir, "--output-dir")
+        resume_step = train_cli.check_resume(args, (args.preset,))
     except (UsageError, ValueError) as exc:
         print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)
         return 2
-    args.output_dir = args.output_dir or train_cli.default_output_dir(args, command)
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     metrics = out / "metrics.jsonl"
     ckpt = train_cli._checkpoint_config(args, args.preset)
-    resume = args.resume and ckpt is not None and CheckpointManager(ckpt).resolve() is not None
-    if not resume:
+    resume = resume_step is not None
+    if resume:  # the records of steps after the checkpoint are trained again
+        keep_jsonl_records(metrics, lambda r: r["step"] <= resume_step)
+    else:
         metrics.unlink(missing_ok=True)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -177,11 +185,9 @@ def main(args: argparse.Namespace, command: str) -> int:
     try:
         trainer = OfflineTrainer(model, objective, examples, cfg, logger, checkpoint_config=ckpt,
                                  resume_from="latest" if resume else None)
-        if resume:  # the records of steps after the checkpoint are trained again
-            kept = [r for r in read_jsonl(metrics) if r["step"] <= trainer.step_idx] if metrics.exists() else []
-            metrics.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        if resume:
             print(f"ludic-fast {command}: resumed at step {trainer.step_idx}", flush=True)
-        trainer.train()
+        trainer.train(stop=stop)
     finally:
         if console is not None and hasattr(console, "close"):
             console.close()
@@ -193,6 +199,12 @@ def main(args: argparse.Namespace, command: str) -> int:
         summary["png"] = str(plot_curves(records, out / "curves.png", reward_key=METRIC[args.preset],
                                          title=f"ludic-fast train: {args.preset}", no_reward_phases=()))
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    if stop.requested:
+        saved = ["metrics.jsonl", "summary.json", "model/"] + (["curves.png"] if "png" in summary else [])
+        ckpt_dir = None if args.checkpoint_every <= 0 else CheckpointManager(ckpt).resolve()
+        line = train_cli.stopped_line(command, stop, args.preset, trainer.step_idx, ckpt_dir, saved)
+        print(line, file=sys.stderr, flush=True)
+        return stop.exit_code
     print(f"\n{args.preset}: {summary['metric']} first-{summary['n']} mean {summary['first']:.4f}, last-"
           f"{summary['n']} mean {summary['last']:.4f}; {summary['wall_time_s']:.0f} s")
     return 0
@@ -203,6 +215,8 @@ def save_trained(path: Path, model: torch.nn.Module, tok: Any, objective: Any) -
     (`value_head.safetensors`: weight [1, D], bias [1])."""
     from safetensors.torch import save_file
 
+    if not torch.cuda.is_available():  # accelerate's unwrap imports DeepSpeed when installed: name its accelerator,
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else its probe warns "Setting accelerator to CPU"
     model.save_pretrained(path)
     tok.save_pretrained(path)
     if isinstance(objective, RewardObjective):

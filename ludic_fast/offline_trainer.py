@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager, restore_rng, rng_tensors
+from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.integrations.packing import auto_attention, half_precision_compute, resolve_packed_attention
 from ludic_fast.integrations.transformers import final_hidden_states, lm_head
 from ludic_fast.ops import linear_logprobs
@@ -308,6 +309,7 @@ class OfflineTrainer:
         self._order: list[int] = []
         self.step_idx = 0
         self.skipped_steps = 0
+        self.stopped_by: str | None = None
         self.checkpointer = None if checkpoint_config is None else CheckpointManager(checkpoint_config)
         if cfg.layout == "packed":  # as the RL Trainer's packed_attention="auto": skip masked attention work
             half = half_precision_compute(model, cfg.amp_dtype)
@@ -359,13 +361,20 @@ class OfflineTrainer:
                 self.save_checkpoint()
         return record
 
-    def train(self) -> list[dict[str, float]]:
+    def train(self, stop: StopOnSignal | None = None) -> list[dict[str, float]]:
+        """The steps left up to `cfg.steps`; a stop requested through `stop` ends the loop after the current
+        step, with a checkpoint of that step when checkpointing is on (`stopped_by` names the signal)."""
         records = []
         while self.step_idx < self.cfg.steps:
             rec = self.step()
             records.append(rec)
             if self.logger is not None:
                 self.logger.log(self.step_idx, rec)
+            if stop is not None and stop.requested:
+                self.stopped_by = stop.signal_name
+                if self.checkpointer is not None and self.checkpointer.latest_step() != self.step_idx:
+                    self.save_checkpoint()
+                break
         return records
 
     # ---------------------------------------------------------------------------------- checkpoints

@@ -14,7 +14,15 @@ Outputs under `--output-dir` (default: runs/demo for `demo`, runs/<task>-<preset
 metrics.jsonl (every logged step, with `phase`), curves.png (reward and loss), summary.json (the RL
 reward curve's first/last-10 means), checkpoints under sft/ and rl/ when `--checkpoint-every` > 0.
 `--resume` continues from the latest checkpoint: the RL phase from rl/'s (the SFT phase is then
-skipped), else the SFT phase from sft/'s.
+skipped), else the SFT phase from sft/'s; the records past that checkpoint's step are dropped from
+metrics.jsonl (the resumed run logs them again), so a stopped-then-resumed run's files equal an
+uninterrupted run's. `--resume` without a checkpoint there is an error.
+
+Stopping: the first SIGINT (Ctrl-C) or SIGTERM finishes the current optimizer step, writes a checkpoint
+when `--checkpoint-every` > 0, the summary and the curves, prints one line saying what was saved and how to
+resume, and exits 130 (SIGINT) or 143 (SIGTERM); a second SIGINT ends at once. A run whose loss stays
+non-finite (or whose rollouts sample from inf/nan probabilities) stops with one line naming the step and
+the likely cause, exit 1, keeping everything written so far.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import argparse
 import importlib.util
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,8 +40,27 @@ import torch
 
 from ludic_fast import algorithm as presets
 from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
-from ludic_fast.cli_validation import OneLineParser, UsageError, as_flags, check_args, check_device, check_task_tokens
-from ludic_fast.loggers import JSONLLogger, PrintLogger, RichLiveLogger, TeeLogger, WandbLogger, plot_curves, read_jsonl
+from ludic_fast.cli_validation import (
+    OneLineParser,
+    UsageError,
+    as_flags,
+    check_args,
+    check_device,
+    check_output_dir,
+    check_task_tokens,
+)
+from ludic_fast.engine.guard import NonFiniteError
+from ludic_fast.engine.stop import StopOnSignal
+from ludic_fast.loggers import (
+    JSONLLogger,
+    PrintLogger,
+    RichLiveLogger,
+    TeeLogger,
+    WandbLogger,
+    keep_jsonl_records,
+    plot_curves,
+    read_jsonl,
+)
 from ludic_fast.offline_cli import OFFLINE_PRESETS
 from ludic_fast.offline_cli import add_arguments as add_offline_arguments
 from ludic_fast.offline_cli import main as offline_main
@@ -127,6 +155,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument(
         "--engine", default="hf", choices=["hf", "vllm"], help="rollouts: transformers generate, or vLLM ([vllm] extra)"
     )
+    g.add_argument("--vllm-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
+                   help="a vllm.LLM engine argument for --engine vllm (repeatable), e.g. max_num_batched_tokens=4096")
     g = p.add_argument_group("trainer")
     g.add_argument("--lr", type=float, default=None, help=profile_default_help("lr"))
     g.add_argument("--weight-decay", type=float, default=0.0)
@@ -230,13 +260,42 @@ def describe_eval(args: argparse.Namespace, task: PromptAnswerTask) -> str:
 
 
 def build_engine(args: argparse.Namespace, model: torch.nn.Module, tok: Any) -> Any:
+    """The rollout engine of --engine: transformers `generate` on the trainer's model, or vLLM serving --model
+    (the embedded model: a copy saved under --output-dir) in --dtype with the --vllm-arg engine arguments."""
     if args.engine == "vllm":
         from ludic_fast.rollout.vllm_engine import VLLMEngine
 
-        if args.model == "embedded":
-            raise UsageError("--engine vllm needs a Hugging Face model (--model NAME_OR_DIR), not 'embedded'")
-        return VLLMEngine(args.model, eos_token_id=tok.eos_token_id, seed=args.seed)
+        kwargs = {"dtype": VLLM_DTYPES[args.dtype], **({"tokenizer": args.tokenizer} if args.tokenizer else {})}
+        return VLLMEngine(vllm_model_dir(args, tok), eos_token_id=tok.eos_token_id, seed=args.seed,
+                          **{**kwargs, **dict(args.vllm_arg)})
     return HFGenerateEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+
+
+#: vLLM's dtype names of the resolved --dtype
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def vllm_model_dir(args: argparse.Namespace, tok: Any) -> str:
+    """--model; for the embedded model, its architecture and tokenizer saved to <output-dir>/vllm_model (a
+    temporary folder without --output-dir): the trainer pushes its weights before the first RL batch."""
+    if args.model != "embedded":
+        return args.model
+    path = Path(args.output_dir or tempfile.mkdtemp(prefix="ludic-fast-")) / "vllm_model"
+    fresh, _ = build_model_and_tokenizer(args, tok)
+    fresh.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def _engine_arg(text: str) -> tuple[str, Any]:
+    """KEY=VALUE of --vllm-arg; VALUE read as JSON when it parses (4096, true, 0.5), else as a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. max_num_batched_tokens=4096), got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def build_console_logger(kind: str) -> Any:
@@ -314,8 +373,10 @@ def _checkpoint_config(args: argparse.Namespace, phase: str) -> CheckpointConfig
     )
 
 
-def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: PromptAnswerTask, logger: Any) -> Any:
-    """SFT warm-up on --sft-data, else on the task's training answers in the rollouts' prompt format."""
+def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: PromptAnswerTask, logger: Any,
+            stop: StopOnSignal | None = None) -> Any:
+    """SFT warm-up on --sft-data, else on the task's training answers in the rollouts' prompt format; returns
+    the model (stopped early when `stop` is requested)."""
     if args.sft_data:
         source = OfflineBatchSource.from_chat_jsonl(args.sft_data, tok, batch_size=args.sft_batch_size, seed=args.seed)
     else:
@@ -335,7 +396,7 @@ def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: Pr
         lora_config=_lora_config(args),
     )
     print(f"sft: {trainer.memory_estimate.format()}", flush=True)
-    trainer.train_sync(max(0, args.sft_steps - trainer.step_idx))
+    trainer.train_sync(max(0, args.sft_steps - trainer.step_idx), stop=stop)
     return trainer.model
 
 
@@ -367,7 +428,13 @@ def build_rollout_source(args: argparse.Namespace, engine: Any, tok: Any, task: 
 
 
 def run_rl(
-    args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: PromptAnswerTask, logger: Any, resume: bool
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    tok: Any,
+    task: PromptAnswerTask,
+    logger: Any,
+    resume: bool,
+    stop: StopOnSignal | None = None,
 ) -> Trainer:
     algo = make_algorithm(args)
     engine = build_engine(args, model, tok)
@@ -398,7 +465,8 @@ def run_rl(
         lora_config=None if hasattr(model, "peft_config") else _lora_config(args),  # SFT may have wrapped it
     )
     print(f"rl: {trainer.memory_estimate.format()}", flush=True)
-    trainer.train_sync(max(0, args.rl_steps - trainer.step_idx))
+    trainer.push_weights()  # the engine samples the first batch with the trained (SFT's) weights, not --model's
+    trainer.train_sync(max(0, args.rl_steps - trainer.step_idx), stop=stop)
     return trainer
 
 
@@ -487,31 +555,86 @@ def _set_phase(console: Any, phase: str, total: int) -> None:
         console.set_phase(phase, total)
 
 
+def check_resume(args: argparse.Namespace, phases: tuple[str, ...]) -> int | None:
+    """With --resume, the step of the newest checkpoint under --output-dir/<phase> for the first phase that has
+    one (a UsageError when none has); None without --resume."""
+    if not args.resume:
+        return None
+    out = Path(args.output_dir)
+    for phase in phases:
+        step = CheckpointManager(CheckpointConfig(str(out / phase))).latest_step()
+        if step is not None:
+            return step
+    where = " or ".join(f"{out / phase}" for phase in phases)
+    raise UsageError(f"--resume: no checkpoint under {where} (was the run started with --checkpoint-every N?)")
+
+
+def stopped_line(command: str, stop: StopOnSignal, phase: str, step: int, checkpoint: Path | None,
+                 saved: list[str]) -> str:
+    """The one line of a run stopped on request: what was saved and how to resume."""
+    if checkpoint is not None:
+        resume = f"checkpoint {checkpoint}; resume: the same `ludic-fast {command}` command with --resume"
+    else:
+        resume = "no checkpoint (--checkpoint-every 0): a rerun starts over"
+    return f"stopped by {stop.signal_name} after {phase} step {step}: saved {', '.join(saved)}, {resume}"
+
+
+def _finish(args: argparse.Namespace, command: str, out: Path, t0: float, rl: Trainer | None) -> dict[str, Any]:
+    """summary.json and curves.png from metrics.jsonl (the records written so far)."""
+    metrics = out / "metrics.jsonl"
+    records = read_jsonl(metrics) if metrics.exists() else []
+    summary = summarize(records)
+    summary.update(
+        wall_time_s=time.perf_counter() - t0,
+        rl_steps=0 if rl is None else rl.step_idx,
+        skipped_steps=0 if rl is None else rl.skipped_steps,
+        metrics=str(metrics),
+    )
+    if not args.no_plot:
+        if importlib.util.find_spec("matplotlib") is None:
+            print("curves.png skipped: matplotlib is not installed (pip install 'ludic-fast[plot]')", file=sys.stderr)
+        else:
+            png = plot_curves(records, out / "curves.png", title=f"ludic-fast {command}: {args.preset}")
+            summary["png"] = str(png)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    return summary
+
+
 def main(argv: list[str]) -> int:
     """Entry point: argv[0] is "train" or "demo" (from `ludic_fast.cli`), the rest are flags. Returns 2
-    after a one-line message on stderr when an input is bad (before anything is trained)."""
+    after a one-line message on stderr when an input is bad (before anything is trained), 1 when training
+    diverged (non-finite logits), 130 / 143 when stopped by SIGINT / SIGTERM (module docstring)."""
     command, rest = (argv[0], argv[1:]) if argv else ("train", [])
     if command not in ("train", "demo"):
         raise ValueError(f"argv[0] must be 'train' or 'demo', got {command!r}")
     t0 = time.perf_counter()
     args = build_parser(f"ludic-fast {command}").parse_args(rest)
-    if args.preset in OFFLINE_PRESETS:  # preference, reward-model and distillation presets: no rollouts
-        return offline_main(args, command)
+    with StopOnSignal() as stop:
+        if args.preset in OFFLINE_PRESETS:  # preference, reward-model and distillation presets: no rollouts
+            return offline_main(args, command, stop)
+        return _run(args, command, t0, stop)
+
+
+def _run(args: argparse.Namespace, command: str, t0: float, stop: StopOnSignal) -> int:
     try:
         tok, task = prepare(args, command)
+        args.output_dir = args.output_dir or default_output_dir(args, command)
+        out = check_output_dir(args.output_dir, "--output-dir")
+        resume_step = check_resume(args, ("rl", "sft"))
     except UsageError as exc:
         print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)
         return 2
-    args.output_dir = args.output_dir or default_output_dir(args, command)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     metrics = out / "metrics.jsonl"
-    rl_resume = args.resume and CheckpointManager(CheckpointConfig(str(out / "rl"))).resolve() is not None
-    if not args.resume and metrics.exists():
-        metrics.unlink()
+    rl_resume = args.resume and CheckpointManager(CheckpointConfig(str(out / "rl"))).latest_step() is not None
+    if rl_resume:  # the records past the checkpoint's step are logged again by the resumed run
+        keep_jsonl_records(metrics, lambda r: r.get("phase") != "rl" or r["step"] <= resume_step)
+    elif args.resume:
+        keep_jsonl_records(metrics, lambda r: r.get("phase") == "sft" and r["step"] <= resume_step)
+    else:
+        metrics.unlink(missing_ok=True)
     print(_header(args, command, task), flush=True)
     console = build_console_logger(args.logger)
     monitor = LearningSignalMonitor(console_notifier(console))
@@ -522,35 +645,39 @@ def main(argv: list[str]) -> int:
         )
     wandb = WandbLogger(config=vars(args)) if args.wandb else None
     model, tok = build_model_and_tokenizer(args, tok)
+    trainer, error = None, None
     try:
         if args.sft_steps > 0 and not rl_resume:
             _set_phase(console, "sft", args.sft_steps)
             sft_logger = TeeLogger(
                 JSONLLogger(metrics, extra={"phase": "sft"}), console, monitor, wandb, drop_keys=RL_ONLY_KEYS
             )
-            model = run_sft(args, model, tok, task, sft_logger)
-        _set_phase(console, "rl", args.rl_steps)
-        rl_logger = TeeLogger(JSONLLogger(metrics, extra={"phase": "rl"}), console, monitor, wandb)
-        trainer = run_rl(args, model, tok, task, rl_logger, rl_resume)
+            model = run_sft(args, model, tok, task, sft_logger, stop=stop)
+        if not stop.requested:
+            _set_phase(console, "rl", args.rl_steps)
+            rl_logger = TeeLogger(JSONLLogger(metrics, extra={"phase": "rl"}), console, monitor, wandb)
+            trainer = run_rl(args, model, tok, task, rl_logger, rl_resume, stop=stop)
+    except NonFiniteError as exc:
+        error = exc
     finally:
         for lg in (console, wandb):
             if lg is not None and hasattr(lg, "close"):
                 lg.close()
-    records = read_jsonl(metrics) if metrics.exists() else []
-    summary = summarize(records)
-    summary.update(
-        wall_time_s=time.perf_counter() - t0,
-        rl_steps=trainer.step_idx,
-        skipped_steps=trainer.skipped_steps,
-        metrics=str(metrics),
-    )
-    if not args.no_plot:
-        if importlib.util.find_spec("matplotlib") is None:
-            print("curves.png skipped: matplotlib is not installed (pip install 'ludic-fast[plot]')", file=sys.stderr)
-        else:
-            png = plot_curves(records, out / "curves.png", title=f"ludic-fast {command}: {args.preset}")
-            summary["png"] = str(png)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    summary = _finish(args, command, out, t0, trainer)
+    if error is not None:
+        print(f"ludic-fast {command}: error: {error} (kept: {metrics}, summary.json, earlier checkpoints)",
+              file=sys.stderr)
+        return 1
+    if stop.requested:
+        phase = "rl" if trainer is not None else "sft"
+        records = [r for r in read_jsonl(metrics) if r.get("phase") == phase] if metrics.exists() else []
+        step = records[-1]["step"] if records else 0
+        ckpt = None
+        if args.checkpoint_every > 0:
+            ckpt = CheckpointManager(CheckpointConfig(str(out / phase))).resolve()
+        saved = ["metrics.jsonl", "summary.json"] + (["curves.png"] if "png" in summary else [])
+        print(stopped_line(command, stop, phase, step, ckpt, saved), file=sys.stderr, flush=True)
+        return stop.exit_code
     print("\n" + summary_line(summary))
     return 0
 

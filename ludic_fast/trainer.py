@@ -54,6 +54,8 @@ from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager, restore_r
 from ludic_fast.distributed.macro import macro_totals_across_ranks
 from ludic_fast.distributed.rank0 import Rank0Publisher
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
+from ludic_fast.engine.guard import diverged_loss, diverged_sampling, is_sampling_divergence
+from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.integrations.body_kernels import apply_body_kernels, check_body_kernels_device, compile_body
 from ludic_fast.integrations.packing import (
     PACKED_ATTENTION_PATHS,
@@ -127,6 +129,8 @@ class TrainerConfig:
     dynamic loss scale (torch.amp.GradScaler; an overflowing step is skipped and the scale lowered).
     memory_budget: bytes (or a string like '4GiB') the LM head may hold beyond its inputs
     (`ludic_fast.ops.plan`; None: the device default); chunk_elements: the low-level override of its chunking.
+    max_nonfinite_steps: a loss that is not finite this many steps in a row (or rollouts sampling from inf/nan
+    probabilities) stops the run with `engine.guard.NonFiniteError` (the model diverged).
     """
 
     model_device: str = field(default_factory=_default_device)
@@ -166,6 +170,7 @@ class TrainerConfig:
     kl_ema_decay: float = 0.9
     ref_reset: str = "hard"
     ref_mix_alpha: float = 0.5
+    max_nonfinite_steps: int = 3
 
     def __post_init__(self) -> None:
         self.pad_token_id = resolve_pad_token_id(self.pad_token_id)
@@ -207,6 +212,8 @@ class TrainerConfig:
             raise ValueError(f"kl_ema_decay must lie in [0, 1), got {self.kl_ema_decay}")
         if self.log_every < 1:
             raise ValueError(f"log_every must be >= 1, got {self.log_every}")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
 
 
 def _is_data_parallel(model: nn.Module) -> bool:
@@ -321,6 +328,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step_idx = 0
         self.skipped_steps = 0
+        self.nonfinite_in_row = 0
+        self.stopped_by: str | None = None
         self.ref_resets = 0
         self.kl_ref_ema: float | None = None
         self.checkpointer = None if checkpoint_config is None else CheckpointManager(checkpoint_config)
@@ -467,7 +476,12 @@ class Trainer:
                     "the trainer keeps fetching",
                     empty,
                 )
-            saw_batch = await self.batch_source.next_batch()
+            try:
+                saw_batch = await self.batch_source.next_batch()
+            except RuntimeError as exc:
+                if is_sampling_divergence(exc):
+                    raise diverged_sampling(self.step_idx + 1, self.optimizer.param_groups[0]["lr"]) from None
+                raise
             if self.cfg.max_lag is not None:
                 saw_batch.items = [
                     it
@@ -526,11 +540,14 @@ class Trainer:
         t_fetch = time.perf_counter() - t0
         total_loss, micro_stats, sizes, kl_ref = self.accumulate_gradients(saw_batch)
         params = [p for p in self.model.parameters() if p.requires_grad]
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        finite = bool(torch.isfinite(total_loss) & torch.isfinite(grad_norm))
+        loss_finite = bool(torch.isfinite(total_loss))
+        finite = loss_finite and bool(torch.isfinite(grad_norm))
+        self.nonfinite_in_row = 0 if loss_finite else self.nonfinite_in_row + 1
         if finite:
             self.optimizer.step()
             self.scheduler.step()
@@ -553,13 +570,14 @@ class Trainer:
             if self.step_idx % self.checkpointer.cfg.every_n_steps == 0:
                 self.save_checkpoint()
         if self.step_idx % self.cfg.log_every != 0:
+            self._stop_if_diverged(lr)
             return {"train/step": self.step_idx}
         stats.update(
             grad_norm=float(grad_norm),
             train_step=self.step_idx,
             skipped_steps=float(self.skipped_steps),
             step_skipped=0.0 if finite else 1.0,
-            lr=self.optimizer.param_groups[0]["lr"],
+            lr=lr,
         )
         for key in (
             "oversampling_factor",
@@ -591,7 +609,13 @@ class Trainer:
         if self.train_logger is not None:
             with contextlib.suppress(Exception):
                 self.train_logger.log(self.step_idx, grouped)
+        self._stop_if_diverged(lr)
         return grouped
+
+    def _stop_if_diverged(self, lr: float) -> None:
+        """NonFiniteError once the loss was not finite `max_nonfinite_steps` steps in a row."""
+        if self.nonfinite_in_row >= self.cfg.max_nonfinite_steps:
+            raise diverged_loss(self.step_idx, self.nonfinite_in_row, lr)
 
     def _track_reference(self, kl_ref: list[Tensor], stats: Mapping[str, float]) -> None:
         if kl_ref:
@@ -717,8 +741,12 @@ class Trainer:
                 self.train_logger.log(self.step_idx, dict(stats))
         return stats
 
-    async def train(self, num_steps: int, *, log_fn: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
-        """`num_steps` train steps (eval at start / every n steps when configured); returns each step's stats."""
+    async def train(
+        self, num_steps: int, *, log_fn: Callable[[dict], None] | None = None, stop: StopOnSignal | None = None
+    ) -> list[dict[str, Any]]:
+        """`num_steps` train steps (eval at start / every n steps when configured); returns each step's stats.
+        A stop requested through `stop` ends the loop after the current step (and its eval), with a checkpoint
+        of that step when checkpointing is on; `stopped_by` then names the signal."""
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
         history = []
@@ -731,13 +759,23 @@ class Trainer:
                 log_fn(stats)
             if self.cfg.eval_every_n_steps and self.step_idx % self.cfg.eval_every_n_steps == 0:
                 await self.eval()
+            if stop is not None and stop.requested:
+                self._stop(stop)
+                break
         return history
+
+    def _stop(self, stop: StopOnSignal) -> None:
+        self.stopped_by = stop.signal_name
+        if self.checkpointer is not None and self.checkpointer.latest_step() != self.step_idx:
+            self.save_checkpoint()
 
     def train_step_sync(self) -> dict[str, Any]:
         return asyncio.run(self.train_step())
 
-    def train_sync(self, num_steps: int, *, log_fn: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
-        return asyncio.run(self.train(num_steps, log_fn=log_fn))
+    def train_sync(
+        self, num_steps: int, *, log_fn: Callable[[dict], None] | None = None, stop: StopOnSignal | None = None
+    ) -> list[dict[str, Any]]:
+        return asyncio.run(self.train(num_steps, log_fn=log_fn, stop=stop))
 
 
 def _k3_on_samples(ref: Tensor, actor: Tensor, action_mask: Tensor) -> Tensor:

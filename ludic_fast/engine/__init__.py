@@ -1,0 +1,1 @@
+"""The one training engine (see the modules for each part)."""

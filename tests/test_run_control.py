@@ -1,0 +1,131 @@
+"""Run control of the trainer and `ludic-fast train` (in process): the logged rate is the one the step used,
+a diverged run stops with one line naming the step, resume continues the files exactly, and inputs are
+checked before any model is built. The signal tests (subprocesses) are tests/test_stop_signal.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from _trainer_fixtures import ListSource, make_items, tiny_model
+
+from ludic_fast import train_cli
+from ludic_fast.algorithm import RLAlgorithm, make_cispo, make_sft
+from ludic_fast.credit import ConstantCredit
+from ludic_fast.engine.guard import NonFiniteError
+from ludic_fast.loggers import read_jsonl
+from ludic_fast.losses import CISPOLoss
+from ludic_fast.trainer import Trainer, TrainerConfig
+from ludic_fast.types import SAWBatch
+
+FAST = ["--sft-steps", "2", "--prompts-per-batch", "4", "--group-size", "4", "--logger", "none", "--threads", "1",
+        "--device", "cpu", "--no-plot"]
+
+
+def _cfg(**kw) -> TrainerConfig:
+    base = dict(model_device="cpu", pad_token_id=0, sync_every_steps=0, max_seq_len=16, micro_token_budget=64)
+    return TrainerConfig(**{**base, **kw})
+
+
+def test_logged_lr_is_the_rate_the_step_used():
+    """Warm-up 2 then cosine over 4 steps: factors 1/2, 1, 1, 1/2 (step s uses lr_lambda(s)); the record of
+    each step holds the rate the optimizer had during its step (before: the next step's, 1, 1, 1/2, 0)."""
+    trainer = Trainer(model=tiny_model(), algo=make_sft(), batch_source=ListSource([make_items(4, seed=1)]),
+                      cfg=_cfg(lr=0.004, lr_scheduler="cosine", warmup_steps=2, total_steps=4))
+    used = []
+    trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    logged = [trainer.train_step_sync()["train/lr"] for _ in range(4)]
+    assert logged == used == pytest.approx([0.002, 0.004, 0.004, 0.002])
+
+
+def _poisoned(batch: SAWBatch) -> SAWBatch:
+    bad = copy.copy(batch.items[0])
+    bad.weight = float("nan")  # after construction: bypasses SAWItem's finiteness check
+    batch.items[0] = bad
+    return batch
+
+
+def test_loss_non_finite_steps_in_a_row_stop_the_run():
+    """One non-finite step is skipped; `max_nonfinite_steps` in a row stop with one line naming the step and
+    the learning rate, after the step's record was logged."""
+    logged = []
+
+    class Log:
+        def log(self, step, stats):
+            logged.append(step)
+
+    algo = RLAlgorithm("poisoned", ConstantCredit(1.0), CISPOLoss(), _poisoned)
+    trainer = Trainer(model=tiny_model(), algo=algo, batch_source=ListSource([make_items(3, seed=2)]),
+                      cfg=_cfg(lr=0.01, max_nonfinite_steps=2), train_logger=Log())
+    assert trainer.train_step_sync()["train/step_skipped"] == 1.0
+    with pytest.raises(NonFiniteError, match=r"^step 2: the loss was not finite for 2 steps in a row.*lr 0\.01\)$"):
+        trainer.train_step_sync()
+    assert logged == [1, 2]
+    with pytest.raises(ValueError, match="max_nonfinite_steps"):
+        _cfg(max_nonfinite_steps=0)
+
+
+def test_sampling_from_non_finite_probabilities_names_the_step():
+    class Diverged:
+        async def next_batch(self):
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+
+    trainer = Trainer(model=tiny_model(), algo=make_cispo(group_size=1), batch_source=Diverged(), cfg=_cfg(lr=0.5))
+    with pytest.raises(NonFiniteError, match=r"^step 1: sampling met inf/nan probabilities.*lr 0\.5\)$"):
+        trainer.train_step_sync()
+
+
+def test_cli_diverged_run_stops_with_one_line_and_keeps_its_files(tmp_path, capsys):
+    """--lr 1e10 --sft-lr 1e10 (a traceback from torch.multinomial before): exit 1, one line naming the step
+    and the learning rate; the metrics logged so far and summary.json are written."""
+    args = ["train", *FAST, "--sft-steps", "6", "--rl-steps", "3", "--lr", "1e10", "--sft-lr", "1e10",
+            "--eval-every", "0", "--output-dir", str(tmp_path)]
+    assert train_cli.main(args) == 1
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("ludic-fast train: error: step ") and "learning rate" in err[0]
+    assert read_jsonl(tmp_path / "metrics.jsonl") and (tmp_path / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("preset", ["cispo", "dpo"])
+def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path, capsys, preset):
+    args = ["train", *FAST, "--preset", preset, "--output-dir", str(tmp_path), "--resume"]
+    assert train_cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("ludic-fast train: error: --resume: no checkpoint under")
+
+
+@pytest.mark.parametrize("preset", ["cispo", "dpo"])
+def test_output_dir_that_cannot_be_written_is_refused_before_building(tmp_path, capsys, monkeypatch, preset):
+    def no_model(*a, **k):
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(train_cli, "build_model_and_tokenizer", no_model)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    args = ["train", *FAST, "--preset", preset, "--output-dir", str(blocker / "run")]
+    assert train_cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"ludic-fast train: error: --output-dir {blocker / 'run'}")
+
+
+def _without_timings(records):
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in records]
+
+
+def test_resumed_run_files_equal_the_uninterrupted_run(tmp_path):
+    """A run that went one step past its checkpoint (RL steps 1-3, checkpoint at 2), resumed to step 4, leaves
+    the metrics.jsonl and summary.json of an uninterrupted 4-step run (timings aside): step 3 is not logged
+    twice (it was before) and the reward curve has 4 points."""
+    common = ["train", *FAST, "--checkpoint-every", "2", "--eval-every", "2"]
+    assert train_cli.main([*common, "--rl-steps", "4", "--output-dir", str(tmp_path / "full")]) == 0
+    cut = str(tmp_path / "cut")
+    assert train_cli.main([*common, "--rl-steps", "3", "--output-dir", cut]) == 0
+    assert train_cli.main([*common, "--rl-steps", "4", "--output-dir", cut, "--resume"]) == 0
+    full, resumed = (read_jsonl(tmp_path / d / "metrics.jsonl") for d in ("full", "cut"))
+    assert [(r["phase"], r["step"]) for r in resumed] == [(r["phase"], r["step"]) for r in full]
+    assert _without_timings(resumed) == _without_timings(full)
+    summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("full", "cut")]
+    for s in summaries:
+        del s["wall_time_s"], s["metrics"]
+    assert summaries[0] == summaries[1] and len(summaries[0]["reward_curve"]) == 4

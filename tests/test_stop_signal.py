@@ -1,0 +1,79 @@
+"""SIGINT / SIGTERM to `ludic-fast train` (a subprocess): the first finishes the current step, writes a
+checkpoint of it, summary.json and the curves, prints one line saying what was saved and how to resume, and
+exits 130 / 143 without a traceback, in the RL phase (asyncio loop), the SFT phase and an offline preset; a
+second SIGINT ends the run at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+FAST = ["--prompts-per-batch", "4", "--group-size", "4", "--logger", "print", "--threads", "1", "--device", "cpu",
+        "--eval-every", "0", "--checkpoint-every", "1000"]
+
+
+def _start(out: Path, *flags: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "ludic_fast.cli", "train", *FAST, "--output-dir", str(out), *flags]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for_step(proc: subprocess.Popen, marker: str) -> None:
+    """Read stdout until a step record of the phase `marker` (e.g. "[rl] step=") is printed."""
+    deadline = time.monotonic() + 240
+    for line in proc.stdout:
+        if marker in line:
+            return
+        assert time.monotonic() < deadline, "no training step within the deadline"
+    raise AssertionError(f"the run ended before a {marker!r} line: {proc.stderr.read()[-2000:]}")
+
+
+def _finish(proc: subprocess.Popen) -> tuple[int, str, float]:
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err, time.monotonic() - t0
+
+
+@pytest.mark.parametrize(
+    ("phase", "sig", "flags"),
+    [
+        ("rl", signal.SIGINT, ["--sft-steps", "1", "--rl-steps", "500"]),
+        ("sft", signal.SIGTERM, ["--sft-steps", "500", "--rl-steps", "2"]),
+        ("dpo", signal.SIGINT, ["--preset", "dpo", "--offline-steps", "500", "--pref-batch-size", "4"]),
+    ],
+)
+def test_first_signal_stops_after_the_step_with_checkpoint_and_summary(tmp_path, phase, sig, flags):
+    proc = _start(tmp_path, *flags)
+    _wait_for_step(proc, f"[{phase}] step=" if phase != "dpo" else "step=")
+    proc.send_signal(sig)
+    code, err, seconds = _finish(proc)
+    assert code == 128 + sig, err[-2000:]
+    assert "Traceback" not in err and seconds < 60
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    latest = json.loads((tmp_path / phase / "latest.json").read_text())
+    metrics = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    last = [r["step"] for r in metrics if r.get("phase") == phase][-1]
+    assert latest["step"] == last < 500  # the checkpoint is the last logged step's
+    assert summary is not None and (phase != "rl" or len(summary["reward_curve"]) == last)
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"stopped by {signal.Signals(sig).name} after {phase} step {last}: saved metrics.jsonl")
+    assert "resume: the same `ludic-fast train` command with --resume" in line
+
+
+def test_second_sigint_ends_at_once_without_traceback(tmp_path):
+    proc = _start(tmp_path, "--sft-steps", "1", "--rl-steps", "500")
+    _wait_for_step(proc, "[rl] step=")
+    proc.send_signal(signal.SIGINT)
+    first = [proc.stderr.readline() for _ in range(2)]  # a blank line, then the acknowledgement
+    assert "SIGINT: finishing the current step" in first[1]
+    proc.send_signal(signal.SIGINT)  # signals sent back to back would reach Python as one
+    code, err, _ = _finish(proc)
+    assert code == 130 and "Traceback" not in err
+    assert err.strip().splitlines() == ["SIGINT again: stopping at once"]
