@@ -78,18 +78,19 @@ def finite_or_zero(m):
 
 
 @triton.jit
-def online_stats_update(z, cols, col0, col_ok, tgt, m, tail, t, zy, ENTROPY: tl.constexpr):
-    """Fold a [BM, BN] tile of final logits (columns `cols`, the first `col0`) into the per-row online
+def online_stats_update(z, cols, col_ok, tgt, m, tail, t, zy, ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
+    """Fold a [BM, BN] tile of final logits (columns `cols`) into the per-row online
     statistics and return them: m = max z, tail, t (ENTROPY only; see the module docstring), zy += z at the
     target column. Columns with col_ok False are -inf (padded vocabulary); z must be finite there."""
     pad = tl.where(col_ok, 0.0, float("-inf"))[None, :]
     zy += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
     tile_max, arg = tl.max(z + pad, axis=1, return_indices=True)
-    new = tile_max > m  # the row maximum moves into this tile, to column col0 + arg
+    new = tile_max > m  # the row maximum moves into this tile, to its column `arg`
     m_new = tl.where(new, tile_max, m)
     shift = finite_or_zero(m_new)
     rel = tl.maximum(z + pad - shift[:, None], REL_LOGIT_FLOOR)
-    e = tl.where(new[:, None] & (cols[None, :] == (col0 + arg)[:, None]), 0.0, tl.exp(rel))
+    own = new[:, None] & (tl.arange(0, BLOCK)[None, :] == arg[:, None])  # the maximum's own e^0 = 1
+    e = tl.where(own, 0.0, tl.exp(rel))
     keep = tl.exp(m - shift)
     if ENTROPY:
         moved = tl.where(m == float("-inf"), 0.0, (1.0 + tail) * (m - shift))

@@ -66,3 +66,15 @@ def masked_case(seed: int = 0):
     keep = (~masked).nonzero().squeeze(1)
     targets = keep[torch.randint(0, keep.numel(), (N,), generator=g)]
     return h, w, b, targets, masked, keep
+
+
+def tied_rows(seed: int = 0):
+    """Padded vocabulary rows (zero weight and bias) hold the row maximum 0 five times over (all other logits
+    are far below it, in every tile of a kernel): ties of the maximum."""
+    g = torch.Generator().manual_seed(seed)
+    h, w = torch.randn(N, D, generator=g), torch.randn(V, D, generator=g) * 0.3
+    b = torch.full((V,), -12.0)
+    w[-5:], b[-5:] = 0.0, 0.0
+    w[100:103], b[100:103] = 0.0, 0.0  # three more zero rows in an earlier vocabulary tile
+    targets = torch.randint(0, V, (N,), generator=g)
+    return h, w, b, targets

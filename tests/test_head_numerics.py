@@ -13,7 +13,16 @@ import math
 
 import pytest
 import torch
-from _head_numerics import N, assert_entropy_exact, confident_rows, float64_head, grads64, masked_case, rel_err
+from _head_numerics import (
+    N,
+    assert_entropy_exact,
+    confident_rows,
+    float64_head,
+    grads64,
+    masked_case,
+    rel_err,
+    tied_rows,
+)
 
 from ludic_fast import reference as R
 from ludic_fast.ops import linear_logprobs
@@ -125,3 +134,13 @@ def test_reference_masked_vocabulary():
     torch.testing.assert_close(out.entropy.double(), ent64, rtol=1e-5, atol=1e-6)
     assert all(bool(torch.isfinite(x.grad).all()) for x in leaves)
     assert bool((leaves[2].grad[masked] == 0).all())
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_tied_maxima(path):
+    """The row maximum held by several columns (padded vocabulary rows): each tie counts e^0 = 1."""
+    h, w, b, targets = tied_rows()
+    lp, ent, _ = head_call(path, h, w, b, targets, torch.ones(N), torch.ones(N))
+    lp64, ent64 = float64_head(h, w, b, targets)
+    torch.testing.assert_close(ent.detach().double(), ent64, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(lp.detach().double(), lp64, rtol=1e-5, atol=1e-5)

@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _head_numerics import N, assert_entropy_exact, confident_rows, float64_head, grads64, masked_case, rel_err
+from _head_numerics import (
+    N,
+    assert_entropy_exact,
+    confident_rows,
+    float64_head,
+    grads64,
+    masked_case,
+    rel_err,
+    tied_rows,
+)
 from _interp import DEVICE, MARKS
 
 from ludic_fast.ops import linear_logprobs
@@ -79,6 +88,16 @@ def test_masked_vocabulary_is_finite_and_exact(route, monkeypatch):
     assert all(bool(torch.isfinite(x).all()) for x in grads)
     assert bool((dw[masked] == 0).all()) and bool((db[masked] == 0).all())
     assert rel_err(dh, dh64) <= tol and rel_err(dw, dw64) <= tol and rel_err(db, db64) <= tol
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_tied_maxima(route, monkeypatch):
+    """The row maximum held by several columns, in several vocabulary tiles: each tie counts e^0 = 1."""
+    h, w, b, targets = tied_rows()
+    lp, ent, _ = triton_call(route, monkeypatch, h, w, b, targets, torch.ones(N), torch.ones(N))
+    lp64, ent64 = float64_head(h, w, b, targets)
+    torch.testing.assert_close(ent.detach().cpu().double(), ent64, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(lp.detach().cpu().double(), lp64, rtol=1e-5, atol=1e-5)
 
 
 def test_fused_backward_recomputes_the_forward_logits_bit_for_bit():
