@@ -439,8 +439,8 @@ def _actor_main(url: str, out: str, rounds: int) -> None:
 
         original_push = prod.push
 
-        def push(item, version):
-            item_id = original_push(item, version)
+        def push(item, version, **kwargs):
+            item_id = original_push(item, version, **kwargs)
             _write(f, pushed=item_id, version=version)
             return item_id
 
