@@ -192,9 +192,9 @@ def check_args(args: argparse.Namespace) -> None:
         if value is not None and not (attr == "task" and value == "embedded"):
             check_file(value, _flag(attr))
     if getattr(args, "engine", "hf") == "vllm":
-        if args.model == "embedded":
-            raise UsageError("--engine vllm needs a Hugging Face model (--model NAME_OR_DIR), not 'embedded'")
         require_package(*_EXTRAS["engine_vllm"], what="--engine vllm")
+    elif getattr(args, "vllm_arg", None):
+        raise UsageError("--vllm-arg needs --engine vllm")
     if getattr(args, "lora_r", 0) > 0:
         require_package(*_EXTRAS["lora"], what="--lora-r")
     if getattr(args, "wandb", False):

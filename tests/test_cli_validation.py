@@ -91,7 +91,9 @@ def test_missing_optional_packages_name_the_extra(capsys, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("vllm", "peft") else real(name))
     line = one_line_error(capsys, ["train", "--engine", "vllm", "--model", "embedded"])
-    assert "--engine vllm needs a Hugging Face model" in line
+    assert "--engine vllm needs the optional package vllm: pip install 'ludic-fast[vllm]'" in line
+    assert "--vllm-arg needs --engine vllm" in one_line_error(capsys, ["train", "--vllm-arg", "max_num_seqs=8"])
+    assert "expected KEY=VALUE" in one_line_error(capsys, ["train", "--engine", "vllm", "--vllm-arg", "8"])
     assert "pip install 'ludic-fast[lora]'" in one_line_error(capsys, ["train", "--lora-r", "4"])
     monkeypatch.setattr("ludic_fast.cli_validation.check_pretrained", lambda *a, **k: None)  # no Hub lookup
     line = one_line_error(capsys, ["train", "--engine", "vllm", "--model", "some/model"])
