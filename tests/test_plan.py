@@ -331,3 +331,23 @@ def test_the_staging_case_plans_differ_on_the_cpu_and_cuda_presets():
     cpu, gpu = (P.plan_head(40, 40, 1021, device=dev, **kw) for dev in ("cpu", "h100"))
     assert (cpu.token_rows, cpu.stage_rows, cpu.fits) == (14, 40, True)
     assert (gpu.token_rows, gpu.stage_rows, gpu.fits) == (40, None, False)
+
+
+def test_the_chunk_env_override_keeps_gpu_plans_aligned(monkeypatch):
+    """$LUDIC_FAST_CHUNK_ELEMENTS on a GPU is a workspace allowance (4 bytes per element beside the
+    accumulators) for the aligned planner, no longer the CPU's element rule: at the 8B head's 32704 rows that
+    rule cut 523-row chunks (and, in linear_cross_entropy, 2052-column slices that sent cuBLAS to its Ampere
+    kernels). On the CPU it stays the element rule."""
+    n, d, v = 32704, 4096, 128256
+    monkeypatch.setenv("LUDIC_FAST_CHUNK_ELEMENTS", str(64 * MI))
+    plan = P.plan_head(n, d, v, mode="fused_loss", device="h100")
+    assert plan.memory_budget == 4 * (n + v) * d + 4 * 64 * MI and plan.fits
+    assert plan.token_rows % 128 == 0 and plan.vocab_cols == v
+    head = P.plan_head(n, d, v, mode="generic", device="h100")
+    assert head.token_rows % 128 == 0 and head.grad_cols % 128 == 0 and head.memory_budget == 4 * n * d + 4 * 64 * MI
+    assert P.plan_head(n, d, v, mode="fused_loss", device="cpu").blocks == (64 * MI // v, v)
+
+
+def test_workspace_allowance():
+    assert P.workspace_allowance("h100") == P.GiB and P.workspace_allowance("cpu") == P.GiB
+    assert P.workspace_allowance(P.replace(P.H100, memory_bytes=24 * 10**9)) == 24 * 10**9 // 64

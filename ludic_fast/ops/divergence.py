@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from ludic_fast._common import autocast_as_matmul
-from ludic_fast.ops.budget import default_chunk_elements, parse_memory_budget
+from ludic_fast.ops.budget import parse_memory_budget
 from ludic_fast.ops.divergence_math import bucket_divergence, dense_divergence, entropy, log_softmax_
 from ludic_fast.ops.divergence_teachers import (
     DenseTeacher,
@@ -53,6 +53,7 @@ from ludic_fast.ops.divergence_teachers import (
     acc_dtype,
     raw_logits,
 )
+from ludic_fast.ops.plan import workspace_allowance
 from ludic_fast.ops.torch_head import HeadTransform, addmm_acc_, gemm_f32
 
 KINDS = ("forward_kl", "reverse_kl", "jsd")
@@ -374,9 +375,10 @@ def linear_divergence(
     makes that token's loss NaN). Optional `targets [...]` (ignore_index marks tokens that count for
     nothing; with `hard_weight` α the loss is (1 - α) D + α CE). `kind` forward_kl | reverse_kl | jsd
     (β = `beta` in (0, 1)). `memory_budget`: bytes (int, or a string like '2GiB') of transient chunk buffers
-    (default 4 x 64 Mi fp32 elements). Returns a 0-d tensor ('mean', 'sum') or per-token losses of the
-    leading shape ('none'), float64 when h_student or W_student is float64, else float32; differentiable
-    w.r.t. the student's hidden, weight and bias. `return_entropy`: also the student's per-token entropy
+    (default `plan.workspace_allowance` of the device: 1 GiB on the CPU and on an 80 GB GPU). Returns a 0-d
+    tensor ('mean', 'sum') or per-token losses of the leading shape ('none'), float64 when h_student or
+    W_student is float64, else float32; differentiable w.r.t. the student's hidden, weight and bias.
+    `return_entropy`: also the student's per-token entropy
     -Σ p_s log p_s at temperature T (0 at ignored tokens; a statistic without gradient), as (loss, entropy).
     `backend` 'auto' (triton on CUDA where the kernel covers the call, else torch), 'torch' or 'triton'
     (CUDA, or CPU under TRITON_INTERPRET=1; float64 inputs run the torch path; refuses what the kernel lacks)."""
@@ -416,7 +418,7 @@ def linear_divergence(
         tgt, valid = None, torch.ones(hs.shape[0], dtype=acc, device=hs.device)
     buffers = 4 + (softcap is not None) + 2 * return_entropy
     row_bytes = buffers * V * torch.empty((), dtype=acc).element_size()
-    budget = parse_memory_budget(memory_budget) or 16 * default_chunk_elements()
+    budget = parse_memory_budget(memory_budget) or workspace_allowance(h_student.device)
     transform = HeadTransform.build(logit_scale, softcap, temperature, hs.shape[0], hs.device)
     spec = _Spec(kind, beta, transform, hard_weight, max(1, budget // row_bytes), "torch", return_entropy)
     resolved = resolve_backend(backend, h_student.device)

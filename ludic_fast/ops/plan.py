@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ludic_fast.ops.budget import (
+    DEFAULT_CHUNK_ELEMENTS,
     align_down,
     default_chunk_elements,
     elements_rule,
@@ -132,6 +133,16 @@ def accumulator_bytes(mode: str, n: int, d: int, v: int, backend: str = "triton"
     return 4 * n * d if mode == "generic" and backend != "torch" else 4 * (n + v) * d
 
 
+def workspace_allowance(device: torch.device | str | DeviceModel | None) -> int:
+    """Transient bytes a chunked call may hold beyond its accumulators by default: on a GPU
+    `min(WORKSPACE_CAP, WORKSPACE_FRACTION x memory)` (1 GiB on an 80 GB card), on the CPU 4 x 64 Mi fp32 logit
+    elements (1 GiB)."""
+    model = device_model(device)
+    if model.memory_bytes is None:
+        return 4 * 4 * DEFAULT_CHUNK_ELEMENTS
+    return min(WORKSPACE_CAP, int(model.memory_bytes * WORKSPACE_FRACTION))
+
+
 def default_memory_budget(model: DeviceModel, mode: str, n: int, d: int, v: int,
                           backend: str = "triton") -> int | None:
     """The default budget in bytes: on a GPU `accumulator_bytes` plus `min(WORKSPACE_CAP, WORKSPACE_FRACTION x
@@ -139,8 +150,7 @@ def default_memory_budget(model: DeviceModel, mode: str, n: int, d: int, v: int,
     CPU-tuned rule)."""
     if model.memory_bytes is None:
         return None
-    allowance = min(WORKSPACE_CAP, int(model.memory_bytes * WORKSPACE_FRACTION))
-    return accumulator_bytes(mode, n, d, v, backend) + allowance
+    return accumulator_bytes(mode, n, d, v, backend) + workspace_allowance(model)
 
 
 # ------------------------------------------------------------------------------------------------ kernels
@@ -517,8 +527,9 @@ def plan_head(
     logits; 8NDV), 'fused_loss' (token-local loss, gradients formed in the forward; 6NDV), 'coupled'
     (sequence-coupled loss: a statistics pass, then the fused-loss pass; 8NDV). `backend` 'triton'
     (strategies 'workspace', 'fused') or 'torch'. `memory_budget`: bytes (int or '4GiB'). `chunk_elements`:
-    the low-level override (logit elements per chunk). Neither given: $LUDIC_FAST_CHUNK_ELEMENTS as
-    chunk_elements when set, else the device default (`default_memory_budget`; the CPU: 64 Mi elements).
+    the low-level override (logit elements per chunk, no alignment). Neither given: on the CPU the element rule
+    of $LUDIC_FAST_CHUNK_ELEMENTS or 64 Mi elements; on a GPU the device default (`default_memory_budget`), or
+    with $LUDIC_FAST_CHUNK_ELEMENTS set the accumulators plus 4 bytes per element of it (aligned plans).
     `strategy`: force one ('auto'/None: the fastest predicted)."""
     for name, x in (("n", n), ("d", d), ("v", v)):
         if isinstance(x, bool) or not isinstance(x, int) or x < 0:
@@ -532,11 +543,14 @@ def plan_head(
         raise ValueError(f"chunk_elements must be an int >= 1, got {chunk_elements!r}")
     model = device_model(device)
     budget = parse_memory_budget(memory_budget)
-    if budget is None and chunk_elements is None:  # env override, else the device default
-        chunk_elements = env_chunk_elements()
-        if chunk_elements is None:
+    if budget is None and chunk_elements is None:  # the env override, else the device default
+        env = env_chunk_elements()
+        if model.memory_bytes is None:  # the CPU: the element rule
+            chunk_elements = default_chunk_elements()
+        elif env is not None:  # a GPU: the override as a workspace allowance (fp32 elements), aligned plans
+            budget = accumulator_bytes(mode, max(n, 1), max(d, 1), max(v, 1), backend) + 4 * env
+        else:
             budget = default_memory_budget(model, mode, max(n, 1), max(d, 1), max(v, 1), backend)
-            chunk_elements = default_chunk_elements() if budget is None else None  # the CPU rule
     allowed = BACKEND_STRATEGIES[backend]
     if strategy not in (None, "auto", *allowed):
         raise ValueError(f"strategy must be one of {('auto', *allowed)} for backend={backend!r}, got {strategy!r}")
@@ -566,5 +580,5 @@ def _plan(n, d, v, dtype, mode, model, budget, chunk_elements, allowed, kernels)
 
 __all__ = [
     "plan_head", "HeadPlan", "DeviceModel", "KernelCosts", "KERNELS", "PRESETS", "device_model",
-    "default_memory_budget", "accumulator_bytes", "MEASURED_KERNELS",
+    "default_memory_budget", "accumulator_bytes", "workspace_allowance", "MEASURED_KERNELS",
 ]
