@@ -1,174 +1,203 @@
 #!/usr/bin/env bash
-# One-shot GPU session: prove every CUDA path and measure the GPU benchmark on a machine with a CUDA GPU and
-# no package registry (the peers travel as wheels). Each stage fits in one 10-minute command.
+# The GPU session in two calls on a machine with one CUDA GPU and no package registry (the peers travel as
+# wheels), rehearsed on the CPU. Plain bash and python: no make needed there.
 #
-#   bash bench/gpu_session.sh wheels        # HERE (a machine with PyPI): download the peers' wheels into .whl/
-#   bash bench/gpu_session.sh test          # THERE: make test-gpu (GPU suite + key table; untimed)
-#   bash bench/gpu_session.sh bench-large   # THERE: ludic-fast bench --preset gpu, the 3 large shapes
-#   bash bench/gpu_session.sh bench-small   # THERE: the same at N = 64, 512, 2048
-#   bash bench/gpu_session.sh suite         # THERE: the whole unit suite with CUDA visible
-#   bash bench/gpu_session.sh e2e           # THERE: make bench-e2e-gpu (the trainer end to end)
+#   bash bench/gpu_session.sh wheels     # HERE (a machine with PyPI): the peers' wheels into .whl/
+#   bash bench/gpu_session.sh run1       # THERE, call 1 (<= 480 s): GPU suite verdict, decisive numbers, TMA last
+#   bash bench/gpu_session.sh run2       # THERE, call 2 (<= 240 s): the other shapes, the trainer end to end
+#   bash bench/gpu_session.sh rehearse   # HERE, on the CPU: run1 then run2 at tiny shapes (see below)
+#   bash bench/gpu_session.sh rehearse run1   # ... one call only
+#   STAGES="decisive" bash bench/gpu_session.sh run1   # only these stages of the call (a rerun), still in order
 #
-# Several stages may share one call (`e2e bench-small`): together they get CALL_SECONDS (560, a device call's
-# 600 s minus collection) from the script's start; each stage stops when that time is up, keeping its logs and
-# the tables saved so far, and a stage that would get under 30 s is skipped. A device lease is 30 minutes with
-# the machine's start: in priority order, `test`, `bench-large`, `e2e bench-small`, then `suite` if time is left.
-# Every stage on the GPU machine first installs the carried wheels (from $WHEELS, default .whl) into /tmp/site
-# and the project with --no-deps, so the machine's torch and triton are used as they are. Logs and results go
-# to bench/results/gpu/ and are copied flat into $OUT (at most 8 files come back). DRY_RUN=1 prints the
-# commands instead of running them.
+# Stages, their seconds and the bench cases of each come from bench/gpu_plan.py (its budget table sizes them
+# from the cost model). Each stage runs under `timeout` for its seconds or what is left of the call's, whichever
+# is less, and keeps what it measured when cut: the suite writes its verdict after each group, each bench
+# implementation its tables after every case, the trainer end to end its rows after every path. A stage that
+# would get under 15 s is skipped, and says so. A failing test is a line of the verdict; a hanging test or
+# bench case costs its own limit (TEST_SECONDS, CASE_SECONDS) and the stage goes on.
+# Everything lands in $RESULTS (default bench/results/gpu; the rehearsal: bench/results/gpu-rehearsal) and, at
+# most 8 files per call, flat in $OUT (default $RESULTS/out-CALL): session-CALL.log, results-CALL.tar.gz (the
+# whole folder so far, after every stage), the suite verdicts and the main tables.
+# Rehearsal: the same stages, orderings and time limits on the CPU at tiny shapes; stubbed, and said so in the
+# logs: no wheels or installs (the project is used in place), no nvidia-smi; the gpu-marked tests skip (needs
+# CUDA), the CUDA-only implementations are reported as skipped, the trainer runs a 1-layer model.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+PY_SET=${PY:+1}
 PY=${PY:-python3}
 WHEELS=${WHEELS:-.whl}
 SITE=${SITE:-/tmp/site}
-RESULTS=bench/results/gpu
-OUT=${OUT:-$RESULTS/out}
-# all the stages of one call stop within this many seconds of its start (the device call's 600 s minus
-# collection), so their logs and the tables the bench saves after each case still come back
-CALL_SECONDS=${CALL_SECONDS:-560}
-MIN_STAGE_SECONDS=30
-# the peers and the packages they need that the GPU image lacks (versions as exercised on CPU)
+TEST_SECONDS=${TEST_SECONDS:-60}
+CASE_SECONDS=${CASE_SECONDS:-60}
+TIME_SCALE=${TIME_SCALE:-1}  # an integer factor on every call's and stage's seconds (a slow rehearsal machine)
+MIN_STAGE_SECONDS=15
 PEER_WHEELS=(liger-kernel==0.8.5 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
              cut-cross-entropy==25.1.1)
-LARGE=8192x4096x151936,16384x896x151936,32768x4096x128256
-SMALL=64x4096x151936,512x4096x151936,2048x4096x151936
 
-run() {
-    if [[ ${DRY_RUN:-0} == 1 ]]; then
-        printf '+ %s\n' "$*"
-    else
-        "$@"
-    fi
-}
+usage() { awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; }
 
-logged() {  # logged NAME CMD...: run CMD, its output also in $RESULTS/NAME.log; the status is CMD's
-    local name=$1
-    shift
-    mkdir -p "$RESULTS"
-    if [[ ${DRY_RUN:-0} == 1 ]]; then
-        printf '+ %s 2>&1 | tee %s\n' "$*" "$RESULTS/$name.log"
-        return 0
-    fi
-    set +e
-    PYTHONUNBUFFERED=1 "$@" 2>&1 | tee "$RESULTS/$name.log"
-    local rc=${PIPESTATUS[0]}
-    set -e
-    return "$rc"
-}
-
-collect() {  # collect SRC NAME: copy SRC to $OUT/NAME when it exists
-    if [[ -f $1 ]]; then
-        run mkdir -p "$OUT"
-        run cp "$1" "$OUT/$2"
-    fi
-}
-
-download_wheels() {
-    run "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" "${PEER_WHEELS[@]}"
-}
-
-setup() {
-    if compgen -G "$WHEELS/*.whl" >/dev/null; then
-        run "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-            "$WHEELS"/*.whl
-        export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-    else
-        echo "no wheels in $WHEELS: the peers that are not installed will be reported as missing" >&2
-    fi
-    run "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e .
-    mkdir -p "$RESULTS"
-    if [[ ${DRY_RUN:-0} != 1 ]]; then
-        {
-            nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-            "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
-'triton', triton.__version__, 'gpu', torch.cuda.is_available())"
-            "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|triton|transformers|liger|trl|datasets|cut|numpy) ' || true
-        } | tee "$RESULTS/env.txt"
-        collect "$RESULTS/env.txt" env.txt
-    fi
-}
-
-limit=()
-set_limit() {  # limit=(timeout ... SECONDS-LEFT-IN-THIS-CALL); status 1 when under MIN_STAGE_SECONDS are left
-    local left=$((CALL_SECONDS - SECONDS))
-    if ((left < MIN_STAGE_SECONDS)); then
-        echo "stage '$1' skipped: ${left}s of the call's ${CALL_SECONDS}s left" >&2
-        return 1
-    fi
-    limit=(timeout --kill-after=10 "$left")
-}
-
-bench() {  # bench NAME SHAPES
-    local rc=0
-    logged "bench-$1" "${limit[@]}" "$PY" -m ludic_fast.cli bench --preset gpu --shapes "$2" --out "$RESULTS/$1" || rc=$?
-    collect "$RESULTS/$1/results.md" "$1-results.md"
-    collect "$RESULTS/$1/results.json" "$1-results.json"
-    if [[ -f $RESULTS/$1/results.json ]]; then  # our cases beside the cost model's predictions for this card
-        run "$PY" bench/plan_table.py --device cuda --measured "$RESULTS/$1/results.json" \
-            >"$RESULTS/$1/vs-model.md" || rc=$?
-        collect "$RESULTS/$1/vs-model.md" "$1-vs-model.md"
-    fi
-    return "$rc"
-}
-
-stage() {
-    set_limit "$1" || return 0
-    case $1 in
-        test)
-            local rc=0
-            logged test-gpu "${limit[@]}" make test-gpu GPU_PY="$PY" || rc=$?
-            collect "$RESULTS/test-gpu.log" test-gpu.log
-            collect "$RESULTS/key/results.md" key-results.md
-            collect "$RESULTS/key/results.json" key-results.json
-            return "$rc"
-            ;;
-        bench-large) bench large "$LARGE" ;;
-        e2e)
-            local rc=0
-            run "${limit[@]}" make bench-e2e-gpu GPU_PY="$PY" || rc=$?
-            collect "$RESULTS/trainer_e2e.md" trainer_e2e.md
-            collect "$RESULTS/trainer_e2e.json" trainer_e2e.json
-            return "$rc"
-            ;;
-        bench-small) bench small "$SMALL" ;;
-        suite)
-            local rc=0
-            # the gpu-marked tests ran in `test`: here the CPU tests, to show no device default leaks into them
-            # (12 workers when pytest-xdist is installed; it is not a requirement of the project)
-            local workers=()
-            if "$PY" -c "import xdist" 2>/dev/null; then workers=(-n 12); fi
-            logged suite "${limit[@]}" "$PY" -m pytest -q -rs ${workers[@]+"${workers[@]}"} -p no:cacheprovider -m "not gpu" tests \
-                --ignore=tests/interpret || rc=$?
-            collect "$RESULTS/suite.log" suite.log
-            return "$rc"
-            ;;
-    esac
-}
-
-if [[ $# -eq 0 ]]; then
-    awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"  # this header
+if [[ $# -lt 1 || $# -gt 2 || ($# -eq 2 && $1 != rehearse) ]]; then
+    usage
     exit 2
 fi
-if [[ $1 == wheels ]]; then
-    download_wheels
-    exit 0
-fi
-for name in "$@"; do
-    case $name in
-        test | bench-large | bench-small | suite | e2e) ;;
-        *)
-            echo "unknown stage '$name' (wheels | test | bench-large | bench-small | suite | e2e)" >&2
+case $1 in
+    wheels)
+        exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+            --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" "${PEER_WHEELS[@]}" ;;
+    run1 | run2) CALLS=("$1") TINY=0 ;;
+    rehearse)
+        CALLS=("${2:-run1}") TINY=1
+        [[ $# -eq 1 ]] && CALLS=(run1 run2)
+        if [[ ${CALLS[0]} != run1 && ${CALLS[0]} != run2 ]]; then
+            echo "unknown call '${CALLS[0]}' (run1 | run2)" >&2
             exit 2
-            ;;
+        fi ;;
+    *)
+        echo "unknown command '$1' (wheels | run1 | run2 | rehearse)" >&2
+        exit 2 ;;
+esac
+if ((TINY)); then
+    [[ -z $PY_SET && -x .venv/bin/python ]] && PY=.venv/bin/python  # here: the project's venv, unless PY is set
+    RESULTS=${RESULTS:-bench/results/gpu-rehearsal}
+else
+    RESULTS=${RESULTS:-bench/results/gpu}
+fi
+OUT_SET=${OUT:-}
+mkdir -p "$RESULTS"
+export PYTHONUNBUFFERED=1
+
+say() { echo "[session] $*" | tee -a "$LOG" >&2; }
+
+logged() {  # logged NAME SECONDS CMD...: CMD under `timeout SECONDS`, its output also in $RESULTS/NAME.log
+    local name=$1 secs=$2 rc=0
+    shift 2
+    say "$name: $* (limit ${secs}s)"
+    timeout --kill-after=5 "$secs" "$@" > >(tee "$RESULTS/$name.log") 2>&1 || rc=$?
+    wait
+    ((rc == 124 || rc == 137)) && say "$name: cut at its ${secs}s limit"
+    ((rc != 0 && rc != 124 && rc != 137)) && say "$name: exit status $rc"
+    return "$rc"
+}
+
+stage_setup() {
+    if ((TINY)); then
+        say "setup (rehearsal, stubbed): no wheels, no installs, the project is used in place; no GPU"
+        {
+            echo "REHEARSAL on the CPU: $(uname -m), $(nproc) CPUs, no GPU"
+            "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+        } >"$RESULTS/env.txt" 2>&1
+        return 0
+    fi
+    if compgen -G "$WHEELS/*.whl" >/dev/null; then
+        logged setup-wheels "$1" "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --upgrade --target "$SITE" "$WHEELS"/*.whl
+        export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    else
+        say "no wheels in $WHEELS: the peers that are not installed are reported as missing"
+    fi
+    logged setup-project "$1" "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e .
+    {
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
+        "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', \
+triton.__version__, 'gpu', torch.cuda.is_available())"
+        "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|triton|transformers|liger|trl|datasets|cut|numpy|pytest) ' || true
+    } >"$RESULTS/env.txt" 2>&1
+}
+
+suite() {  # suite GROUP SECONDS
+    logged "suite-$1-run" "$2" "$PY" bench/gpu_suite.py --out "$RESULTS" --group "$1" --seconds "$(($2 - 5))" \
+        --test-seconds "$TEST_SECONDS"
+}
+
+bench_stage() {  # bench_stage STAGE SECONDS: each implementation in its own process, then the stage's tables
+    local stage=$1 end=$((SECONDS + $2 - 10)) rc=0 impl left tiny=()  # 10 s kept for the tables
+    ((TINY)) && tiny=(--tiny)
+    for impl in $("$PY" bench/gpu_plan.py impls "$stage"); do
+        left=$((end - SECONDS))
+        if ((left < 5)); then
+            say "$stage: no time left for $impl"
+            rc=1
+            continue
+        fi
+        # shellcheck disable=SC2046  # the arguments are words
+        logged "$stage-$impl" "$left" "$PY" -m ludic_fast.cli bench $("$PY" bench/gpu_plan.py args "$stage" "$impl" \
+            "${tiny[@]}") --timeout "$CASE_SECONDS" --out "$RESULTS/$stage/$impl" || rc=1
+    done
+    "$PY" bench/gpu_plan.py merge "$RESULTS/$stage" >>"$LOG" 2>&1 || rc=1
+    if [[ -f $RESULTS/$stage/results.json ]]; then  # our cases beside the cost model's predictions
+        "$PY" bench/plan_table.py --device "$( ((TINY)) && echo cpu || echo h100)" --measured \
+            "$RESULTS/$stage/results.json" >"$RESULTS/$stage/vs-model.md" 2>>"$LOG" || rc=1
+        cp "$RESULTS/$stage/results.md" "$OUT/$stage-results.md"
+    fi
+    return "$rc"
+}
+
+stage_e2e() {
+    local args=(--device cuda)
+    ((TINY)) && args=(--device cpu --vocab 4099 --hidden 32 --layers 1 --seqs 2 --seq-len 24 --steps 1 --threads 1)
+    logged e2e "$1" "$PY" bench/trainer_e2e.py "${args[@]}" --paths "$("$PY" -c "import sys; sys.path.insert(0, \
+'bench'); import gpu_plan; print(','.join(gpu_plan.E2E_PATHS))")" --find-max --find-max-seconds \
+        "$("$PY" -c "import sys; sys.path.insert(0, 'bench'); import gpu_plan; print(gpu_plan.E2E_FIND_MAX_S)")" \
+        --json "$RESULTS/trainer_e2e.json" --markdown "$RESULTS/trainer_e2e.md"
+    local rc=$?
+    [[ -f $RESULTS/trainer_e2e.md ]] && cp "$RESULTS/trainer_e2e.md" "$OUT/trainer_e2e.md"
+    return "$rc"
+}
+
+run_stage() {  # run_stage NAME SECONDS
+    case $1 in
+        setup) stage_setup "$2" ;;
+        suite)
+            suite core "$2"
+            local rc=$?
+            cp "$RESULTS/suite-core-verdict.md" "$OUT/" 2>/dev/null || true
+            return "$rc" ;;
+        experimental)  # half for the TMA tests, the rest for the TMA bench cases
+            local rc=0 start=$SECONDS
+            suite experimental "$(($2 / 2))" || rc=1
+            cp "$RESULTS/suite-experimental-verdict.md" "$OUT/" 2>/dev/null || true
+            bench_stage experimental "$(($2 - (SECONDS - start)))" || rc=1
+            return "$rc" ;;
+        e2e) stage_e2e "$2" ;;
+        *) bench_stage "$1" "$2" ;;
     esac
-done
-setup
+}
+
 status=0
-for name in "$@"; do
-    stage "$name" || status=$?
+for call in "${CALLS[@]}"; do
+    OUT=${OUT_SET:-$RESULTS/out-$call}  # a device call empties its $OUT: one per call here too
+    mkdir -p "$OUT"
+    LOG=$RESULTS/session-$call.log
+    : >"$LOG"
+    start=$SECONDS
+    mapfile -t plan < <("$PY" bench/gpu_plan.py seconds "$call")
+    call_seconds=$((${CALL_SECONDS:-${plan[0]#call }} * TIME_SCALE))
+    say "$call: ${call_seconds}s in all$( ((TINY)) && echo ', REHEARSAL on the CPU at tiny shapes')"
+    for line in "${plan[@]:1}"; do
+        stage=${line% *} given=$((${line#* } * TIME_SCALE))
+        if [[ -n ${STAGES:-} && " $STAGES " != *" $stage "* ]]; then
+            say "stage $stage not selected (STAGES=$STAGES)"
+            continue
+        fi
+        left=$((call_seconds - (SECONDS - start)))
+        if ((left < MIN_STAGE_SECONDS)); then
+            say "stage $stage skipped: ${left}s of the call's ${call_seconds}s left"
+            status=1
+            continue
+        fi
+        secs=$((given < left ? given : left))
+        t0=$SECONDS
+        set +e
+        run_stage "$stage" "$secs"
+        rc=$?
+        set -e
+        say "stage $stage: ${secs}s given, $((SECONDS - t0))s taken, status $rc"
+        ((rc == 0)) || status=1
+        tar -czf "$OUT/results-$call.tar.gz" --exclude='./out*' -C "$RESULTS" . 2>/dev/null || true
+    done
+    say "$call done in $((SECONDS - start))s, status $status"
+    cp "$LOG" "$OUT/"
 done
 exit "$status"

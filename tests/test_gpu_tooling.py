@@ -1,13 +1,13 @@
-"""The GPU tooling's CPU-checkable parts: bench/gpu_session.sh (syntax, stage validation, the dry run's
-commands: the project and the wheels go in with --no-deps, results land in bench/results/gpu), `make
-test-gpu` (never installs torch; stops with a message naming CUDA when there is none) and
-tools/gpu_requirements.py (never names torch or triton)."""
+"""The GPU tooling's CPU-checkable parts: bench/gpu_session.sh (argument checks; the first call rehearsed on
+the CPU with a failing and a hanging test and a hanging bench case injected), bench/gpu_plan.py (the calls'
+stages, seconds and orderings), the bench's inputs built once per shape and its in-process case time limit,
+`make test-gpu` (never installs torch, installs with --no-index; stops with a message naming CUDA when there is
+none) and tools/gpu_requirements.py (never names torch or triton)."""
 
 from __future__ import annotations
 
 import importlib.metadata as md
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -20,49 +20,145 @@ SCRIPT = ROOT / "bench" / "gpu_session.sh"
 
 
 def _bash(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=2000,
                           env={**os.environ, **env})
 
 
-def test_session_script_dry_run(tmp_path):
+def test_session_script_checks_its_arguments_before_any_work(tmp_path):
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
-    wheels = tmp_path / "whl"
-    wheels.mkdir()
-    (wheels / "trl-1.16.0-py3-none-any.whl").write_bytes(b"")
-    out = _bash("test", "bench-small", "suite", DRY_RUN="1", WHEELS=str(wheels), OUT=str(tmp_path / "out"))
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert any("--no-index --no-deps" in x and "--target /tmp/site" in x and "trl-1.16.0" in x for x in lines)
-    assert any("pip install" in x and "--no-deps" in x and x.endswith("-e .") for x in lines)
-    limit = re.compile(r"\+ timeout --kill-after=10 5[0-9][0-9] ")  # within the call's 560 s, outputs collected
-    assert any(limit.match(x) and "make test-gpu" in x and "bench/results/gpu/test-gpu.log" in x for x in lines)
-    assert any(limit.match(x) and "-m not gpu" in x for x in lines)
-    assert any("--preset gpu --shapes 64x4096x151936" in x and "bench/results/gpu/small" in x for x in lines)
-    assert any("-m not gpu" in x for x in lines)
-    assert not any("torch==" in x or "install torch" in x for x in lines)
+    for args in (("run3",), ("rehearse", "run9"), ("run1", "run2"), ()):
+        out = _bash(*args, RESULTS=str(tmp_path / "r"))
+        assert out.returncode == 2 and not (tmp_path / "r").exists(), (args, out.stderr)
+    assert "rehearse" in _bash().stdout
 
 
-def test_stages_of_one_call_share_its_seconds(tmp_path):
-    """A stage gets what is left of CALL_SECONDS; with under 30 s left it is skipped, and says so."""
-    out = _bash("e2e", DRY_RUN="1", CALL_SECONDS="100", OUT=str(tmp_path / "out"))
-    assert out.returncode == 0 and any(x.startswith("+ timeout --kill-after=10 10") and "bench-e2e-gpu" in x
-                                       for x in out.stdout.splitlines()), out.stdout
-    out = _bash("e2e", DRY_RUN="1", CALL_SECONDS="20", OUT=str(tmp_path / "out"))
-    assert "bench-e2e-gpu" not in out.stdout and "stage 'e2e' skipped: 20s of the call's 20s left" in out.stderr
+def test_session_plan_fits_the_calls_and_orders_the_stages():
+    """Each call's stages fit its seconds (480, 240), in priority order: the suite's verdict and the decisive
+    numbers first, the experimental TMA paths last in the first call; the goals' implementations first in
+    every bench stage; the model's estimate of each bench stage within its seconds."""
+    plan = _plan()
+    for call, limit in (("run1", 480), ("run2", 240)):
+        seconds, stages = plan.CALLS[call]
+        assert seconds == limit and sum(s for _, s in stages) <= limit
+    assert [s for s, _ in plan.CALLS["run1"][1]] == ["setup", "suite", "decisive", "experimental"]
+    assert [s for s, _ in plan.CALLS["run2"][1]] == ["setup", "shapes", "e2e"]
+    given = {s: g for _, stages in plan.CALLS.values() for s, g in stages}
+    for stage, (_, _, impls) in plan.BENCH_STAGES.items():
+        if stage != "experimental":
+            assert impls[:4] == ("ours-generic", "ours-fused", "trl", "gemm-fwd+bwd")
+        assert plan.stage_estimate(stage)[0] <= given[stage]
+    assert set(plan.BENCH_STAGES["decisive"][0]) == {"anchor", "N=512"}
+    assert all("tma" in impl for impl in plan.BENCH_STAGES["experimental"][2])
+    args = plan.bench_args("decisive", "trl", tiny=False)
+    assert args[:6] == ["--preset", "gpu", "--shapes", "8192x4096x151936,512x4096x151936", "--workloads",
+                        "head,cispo"]
 
 
-def test_session_script_rejects_unknown_stages_before_installing():
-    out = _bash("test", "tset", DRY_RUN="1")
-    assert out.returncode == 2 and "unknown stage 'tset'" in out.stderr and "pip" not in out.stdout
-    usage = _bash()
-    assert usage.returncode == 2 and "bench-large" in usage.stdout
+def _plan():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_plan
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return gpu_plan
+
+
+INJECTED_TESTS = """
+import time
+
+import pytest
+
+
+@pytest.mark.gpu
+def test_injected_failure():
+    assert 1 == 2, "injected"
+
+
+@pytest.mark.gpu
+def test_injected_hang():
+    time.sleep(10**6)
+
+
+@pytest.mark.gpu
+def test_injected_after_the_hang():
+    pass
+
+
+@pytest.mark.gpu
+def test_injected_tma_variant():
+    pass
+"""
+#: a TRL whose head never returns (shadows the installed one through PYTHONPATH)
+HANGING_TRL = """
+import time
+
+
+class ChunkedLogProbFunction:
+    @staticmethod
+    def apply(*args):
+        time.sleep(10**6)
+"""
+
+
+@pytest.mark.slow
+def test_rehearsal_keeps_every_table_when_a_test_fails_and_a_case_hangs(tmp_path):
+    """The first call rehearsed on the CPU with a failing and a hanging test injected into the suite and a
+    hanging TRL: the suite's verdict names both and the tests after the hang ran; TMA's group runs after the
+    decisive bench; TRL's hang ends its process at CASE_SECONDS, the floor is measured after it; every table,
+    log and the tarball are there, at most 8 files in the call's out folder; the exit status says not all
+    went well."""
+    fake = tmp_path / "fake"
+    (fake / "trl" / "kernels").mkdir(parents=True)
+    (fake / "trl" / "__init__.py").write_text("")
+    (fake / "trl" / "kernels" / "__init__.py").write_text(HANGING_TRL)
+    (tmp_path / "test_injected.py").write_text(INJECTED_TESTS)
+    res = tmp_path / "results"
+    out = _bash("rehearse", "run1", PY=sys.executable, RESULTS=str(res), PYTHONPATH=str(fake), TEST_SECONDS="3",
+                CASE_SECONDS="5", GPU_SUITE_TESTS=str(tmp_path / "test_injected.py"), OMP_NUM_THREADS="1",
+                TIME_SCALE="4")  # each stage's seconds x 4: on a busy 2-core machine every process starts slowly
+    assert out.returncode == 1, out.stderr[-3000:]
+    core = (res / "suite-core-verdict.md").read_text()
+    assert "NOT green" in core and "| core | 1 | 1 | 0 | 1 | 0 |" in core, core
+    assert "test_injected_failure" in core and "hung (core, over 3 s): `" in core and "test_injected_hang`" in core
+    assert "| experimental | 1 | 0 | 0 | 0 | 0 |" in (res / "suite-experimental-verdict.md").read_text()
+    assert "Timeout (0:00:05)" in (res / "decisive-trl.log").read_text()
+    table = (res / "decisive" / "results.md").read_text()
+    assert "| ours-generic |" in table and "| gemm-fwd+bwd |" in table and "trl: no result (its log)" in table
+    log = (res / "session-run1.log").read_text()
+    order = [log.index(f"stage {s}:") for s in ("setup", "suite", "decisive", "experimental")]
+    assert order == sorted(order) and "decisive-trl: exit status 1" in log
+    files = {p.name for p in (res / "out-run1").iterdir()}
+    assert len(files) <= 8 and {"session-run1.log", "results-run1.tar.gz", "suite-core-verdict.md",
+                                "suite-experimental-verdict.md", "decisive-results.md"} <= files, files
+
+
+def test_an_in_process_case_over_its_timeout_ends_the_process():
+    """One process measures every GPU case: a case over --timeout ends it (stacks on stderr) after the
+    cases before it were saved."""
+    code = """if True:
+        import dataclasses, time
+        from ludic_fast.benchmark import impls, runner
+        from ludic_fast.benchmark.workloads import Shape
+
+        def hang(workload, inp):
+            time.sleep(10**6)
+
+        impls.IMPLS["reference"] = dataclasses.replace(impls.IMPLS["reference"], build=hang)
+        opts = runner.Options(repeats=1, warmup=0, check_tokens=0, in_process=True, timeout_s=2)
+        runner.run_suite(["gemm-fwd+bwd", "reference"], ["head"], [Shape(32, 8, 64)], opts, log=print,
+                         on_result=lambda done: print("saved", len(done), flush=True))
+    """
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 1 and "saved 1" in run.stdout and "saved 2" not in run.stdout
+    assert "Timeout (0:00:02)" in run.stderr
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
 def test_make_test_gpu_keeps_the_machine_torch_and_needs_cuda():
     plan = subprocess.run(["make", "-n", "test-gpu"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
-    assert "--no-deps" in plan and "torch==" not in plan and "--preset gpu-key" in plan
-    assert '-m "gpu or interpret" tests/gpu tests/interpret' in plan
+    assert "--no-index" in plan and "--no-deps" in plan and "torch==" not in plan
+    assert "bench/gpu_suite.py" in plan and "--preset gpu-key" in plan
     import torch
 
     if not torch.cuda.is_available():

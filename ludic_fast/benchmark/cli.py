@@ -30,7 +30,7 @@ import torch
 from ludic_fast.atomic_io import atomic_write_text
 from ludic_fast.benchmark.impls import IMPLS
 from ludic_fast.benchmark.report import markdown_report, plot_scaling, summary_table
-from ludic_fast.benchmark.runner import CaseResult, Options, run_suite
+from ludic_fast.benchmark.runner import BenchStopped, CaseResult, Options, run_suite, stop_on_signals
 from ludic_fast.benchmark.workloads import WORKLOADS, Shape
 from ludic_fast.cli_validation import OneLineParser, UsageError, check_device, check_file, check_output_dir
 
@@ -313,10 +313,19 @@ def main(argv: list[str] | None = None) -> int:
     }
     total = len(shapes) * len(workloads) * len(impls)
 
+    saved: list[int] = [0]
+
     def save_so_far(done: list[CaseResult]) -> None:  # a run stopped midway keeps its tables
         write_tables(done, {**meta, "status": f"incomplete: {len(done)} of {total} cases (the run stopped)"}, out)
+        saved[0] = len(done)
 
-    results = run_suite(impls, workloads, shapes, opts, on_result=save_so_far)
+    try:
+        with stop_on_signals():
+            results = run_suite(impls, workloads, shapes, opts, on_result=save_so_far)
+    except BenchStopped as stop:  # the cases measured so far are in the tables (save_so_far after each case)
+        kept = f"{saved[0]} of {total} cases kept in {out}/results.md" if saved[0] else "no case was finished"
+        print(f"ludic-fast bench: stopped by {stop.name}: {kept}", file=sys.stderr)
+        return 128 + stop.signum
     meta["load average after"] = _load_average()
     write_outputs(results, meta, out)
     print(summary_table(results))

@@ -4,26 +4,29 @@
 (`torch.set_num_threads`, OMP/MKL variables) and parses its one RESULT line, or, with `one_process` (the
 GPU presets: the CUDA allocator's peak is reset per case, so one process measures each case's own peak),
 measures in this process, recording any exception (out of memory, a compile error) as the case's failure
-and freeing the device before the next case; `run_suite` walks
+and freeing the device before the next case (a case over `Options.timeout_s` ends the process); `run_suite` walks
 implementations x workloads x shapes, skipping what an implementation does not cover (with the reason)
 and measuring the workload-independent GEMM floors once per shape.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import faulthandler
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ludic_fast.benchmark.impls import get_impl
+from ludic_fast.benchmark.impls import get_impl, preload
 from ludic_fast.benchmark.worker import RESULT_PREFIX, measure
 from ludic_fast.benchmark.workloads import Shape, get_workload
 
@@ -38,7 +41,7 @@ class Options:
     warmup: int = 1
     check_tokens: int = 256
     seed: int = 0
-    timeout_s: float = 3600.0
+    timeout_s: float = 3600.0  # per case: a subprocess is killed, an in-process case ends the process
     in_process: bool = False  # measure here, not in a subprocess (CPU: tests only, the RSS peak is then shared)
 
 
@@ -101,20 +104,58 @@ def _subprocess_measure(spec: dict[str, Any], opts: Options) -> dict[str, Any]:
     raise RuntimeError(f"worker exited {proc.returncode}: " + " | ".join(tail))
 
 
-def _in_process_measure(spec: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
-    """`measure` here; an exception becomes (None, 'Type: message'). Afterwards the device memory is
-    released and torch.compile's caches are reset, so every case starts alike (a peer compiled at many
-    shapes would otherwise reach dynamo's recompile limit and silently run uncompiled)."""
+def _in_process_measure(spec: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any] | None, str | None]:
+    """`measure` here; an exception becomes (None, 'Type: message'). A case still running after `timeout_s`
+    ends the process (`faulthandler.dump_traceback_later`: every thread's stack on stderr, exit status 1; a
+    hang inside a CUDA call cannot be interrupted otherwise), so the results saved so far are what remains.
+    Afterwards the device memory is released and torch.compile's caches are reset, so every case starts
+    alike (a peer compiled at many shapes would otherwise reach dynamo's recompile limit and silently run
+    uncompiled)."""
+    preload()  # the peers' imports are no part of a case's time
+    faulthandler.dump_traceback_later(timeout_s, exit=True)
     try:
         return measure(spec), None
     except Exception as exc:  # a peer's failure of any kind is a result to report, not a crash of the suite
         return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
     finally:
+        faulthandler.cancel_dump_traceback_later()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         if "torch._dynamo" in sys.modules:
             sys.modules["torch._dynamo"].reset()
+
+
+class BenchStopped(BaseException):
+    """A SIGINT or SIGTERM arrived during `stop_on_signals` (a BaseException, as KeyboardInterrupt: no
+    `except Exception` of a case records it as the case's failure)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """The first SIGINT / SIGTERM raises `BenchStopped` where the run is (a subprocess case is killed with it);
+    a second one ends the process at once with status 128 + its number. The main thread only; the previous
+    handlers come back at the end."""
+
+    def second(signum: int, frame: object) -> None:
+        os._exit(128 + signum)
+
+    def first(signum: int, frame: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, second)
+        raise BenchStopped(signum)
+
+    previous = {sig: signal.signal(sig, first) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_case(impl: str, workload: str, shape: Shape, opts: Options) -> CaseResult:
@@ -127,7 +168,7 @@ def run_case(impl: str, workload: str, shape: Shape, opts: Options) -> CaseResul
         return base
     spec = _spec(impl, workload, shape, opts)
     if opts.in_process:
-        data, failure = _in_process_measure(spec)
+        data, failure = _in_process_measure(spec, opts.timeout_s)
     else:
         try:
             data, failure = _subprocess_measure(spec, opts), None

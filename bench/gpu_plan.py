@@ -1,0 +1,196 @@
+"""The two calls of a GPU session (bench/gpu_session.sh): their stages in priority order, each stage's seconds,
+the benchmark cases of each bench stage, and the budget table that sizes them from the cost model.
+
+    python bench/gpu_plan.py budget                  # the budget table (Markdown)
+    python bench/gpu_plan.py impls decisive          # a bench stage's implementations, in the order measured
+    python bench/gpu_plan.py args decisive trl       # the `ludic-fast bench` arguments of one of them
+    python bench/gpu_plan.py args decisive trl --tiny  # the same at the rehearsal's tiny shapes, on the CPU
+    python bench/gpu_plan.py merge DIR               # DIR/<impl>/results.json -> DIR/results.json, .md
+    python bench/gpu_plan.py seconds run1            # "stage seconds" lines of a call, for the script
+
+Each implementation of a bench stage runs in its own `ludic-fast bench` process (a hang, which ends that
+process at its per-case --timeout, costs only that implementation's remaining cases); `merge` joins their
+tables into the stage's.
+
+Bench-stage estimate = STAGE_START_S + IMPL_START_S per implementation + sum over cases of
+(CASE_OVERHEAD_S + runs x predicted seconds of one forward+backward), runs = warm-ups + timed runs + the error
+check. Predicted seconds: ours from `ludic_fast.ops.plan.plan_head` (H100 preset, default budget); TRL and Liger
+from their H100 measurements at that shape (2026-11-23) where there are some, else TRL 1.5x and Liger 10x the
+6NDV floor; the floor 6NDV / the preset's GEMM rate. STAGE_START_S, IMPL_START_S, CASE_OVERHEAD_S, SUITE_TEST_S
+and E2E_PATH_S are assumptions (process start, imports, Triton compiles, building each step), not measurements:
+the first GPU run replaces them. The script's look-ups (impls, args, seconds) import no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+#: (N, D, V) of the GPU benchmark, and the rehearsal's tiny stand-in for each
+SHAPES = {
+    "anchor": ((8192, 4096, 151936), (256, 64, 4099)),
+    "N=512": ((512, 4096, 151936), (64, 64, 4099)),
+    "qwen0.5b": ((16384, 896, 151936), (512, 32, 4099)),
+    "llama8b": ((32768, 4096, 128256), (512, 64, 3001)),
+    "N=64": ((64, 4096, 151936), (16, 64, 4099)),
+    "N=2048": ((2048, 4096, 151936), (128, 64, 4099)),
+}
+DECISIVE_IMPLS = ("ours-generic", "ours-fused", "trl", "gemm-fwd+bwd")
+#: bench stage -> (shapes, workloads, implementations in the order measured: the goals' first)
+BENCH_STAGES = {
+    "decisive": (("anchor", "N=512"), ("head", "cispo"), DECISIVE_IMPLS),
+    "experimental": (("anchor",), ("head", "cispo"), ("ours-triton-fused-tma", "ours-fused-tl-dot-tma")),
+    "shapes": (("qwen0.5b", "llama8b", "N=64", "N=2048"), ("head", "cispo"), DECISIVE_IMPLS + ("liger",)),
+}
+#: call -> (its seconds, [(stage, seconds)] in the order run); each stage also stops when the call's time is up
+CALLS = {
+    "run1": (480, [("setup", 20), ("suite", 250), ("decisive", 120), ("experimental", 60)]),
+    "run2": (240, [("setup", 10), ("shapes", 150), ("e2e", 75)]),
+}
+#: gpu/interpret-marked tests (pytest --collect-only): all, and the experimental (TMA) ones among them
+SUITE_TESTS, SUITE_TMA_TESTS, SUITE_TEST_S, SUITE_TEST_LIMIT_S = 454, 12, 0.5, 60
+E2E_PATHS, E2E_PATH_S, E2E_FIND_MAX_S = ("ours-padded", "ours-packed", "reference", "trl"), 12.0, 25
+STAGE_START_S, IMPL_START_S, CASE_OVERHEAD_S, RUNS = 10.0, 8.0, 2.0, 2 + 5 + 1
+TRL_MS = {("anchor", "head"): 62.7, ("qwen0.5b", "head"): 35.3, ("llama8b", "head"): 218.7, ("N=64", "head"): 7.5,
+          ("N=512", "head"): 8.1, ("N=2048", "head"): 18.3, ("anchor", "cispo"): 62.8, ("qwen0.5b", "cispo"): 34.1,
+          ("llama8b", "cispo"): 207.8}
+LIGER_MS = {("anchor", "cispo"): 720.0, ("llama8b", "cispo"): 2420.0}
+
+
+def _rows(shape: str, workload: str) -> int:
+    n = SHAPES[shape][0][0]
+    return n if workload == "head" else n * 3 // 4  # CISPO scores the action rows: 3/4 of the tokens
+
+
+def case_seconds(impl: str, shape: str, workload: str) -> float | None:
+    """Predicted seconds of one forward+backward of a case on an H100; None when the model has no estimate."""
+    import torch
+
+    from ludic_fast.ops.plan import H100, plan_head
+
+    _, d, v = SHAPES[shape][0]
+    rows = _rows(shape, workload)
+    floor = 6.0 * rows * d * v / H100.bf16_flops
+    if impl == "gemm-fwd+bwd":
+        return floor
+    if impl in ("trl", "liger"):
+        ms = (TRL_MS if impl == "trl" else LIGER_MS).get((shape, workload))
+        return 1.5 * floor if ms is None and impl == "trl" else None if ms is None else ms / 1e3
+    if impl.startswith("ours"):
+        mode = "fused_loss" if workload != "head" and impl.startswith("ours-fused") else "generic"
+        strategy = "fused" if "tl-dot" in impl or "triton-fused" in impl else None
+        return plan_head(rows, d, v, dtype=torch.bfloat16, mode=mode, device="h100", strategy=strategy).predicted_s
+    return None
+
+
+def stage_estimate(stage: str) -> tuple[float, list[str]]:
+    """(predicted seconds, notes) of a bench stage: cases the model cannot price count 10 x the floor."""
+    from ludic_fast.benchmark.impls import get_impl
+    from ludic_fast.benchmark.workloads import get_workload
+    from ludic_fast.ops.plan import H100
+
+    shapes, workloads, impls = BENCH_STAGES[stage]
+    total, notes = STAGE_START_S + IMPL_START_S * len(impls), []
+    for shape in shapes:
+        for workload in workloads:
+            for impl in impls:
+                if get_impl(impl).covers(get_workload(workload)) is not None:
+                    continue  # skipped by the bench at once
+                s = case_seconds(impl, shape, workload)
+                if s is None:
+                    _, d, v = SHAPES[shape][0]
+                    s = 10 * 6.0 * _rows(shape, workload) * d * v / H100.bf16_flops
+                    notes.append(f"{impl} at {shape} {workload}: no model, 10x the floor")
+                total += CASE_OVERHEAD_S + RUNS * s
+    return total, notes
+
+
+def budget_table() -> str:
+    out = ["| call | stage | seconds given | estimate s | what it yields |", "|---|---|---|---|---|"]
+    what = {
+        "setup": "wheels and the project installed (--no-index), card / driver / versions in env.txt",
+        "suite": f"the GPU suite's verdict: {SUITE_TESTS - SUITE_TMA_TESTS} tests, each under {SUITE_TEST_LIMIT_S} "
+                 "s; a hang costs its limit",
+        "decisive": "head op + CISPO at the anchor and N=512: ours, TRL, the 6NDV floor",
+        "experimental": f"the TMA variants: their {SUITE_TMA_TESTS} tests, then their bench cases at the anchor",
+        "shapes": "head op + CISPO at Qwen2.5-0.5B's and Llama-3-8B's shapes and N=64, 2048; Liger added",
+        "e2e": f"trainer end to end (Qwen2.5-0.5B shape, 16 x 1024 tokens): {', '.join(E2E_PATHS)}; "
+               f"--find-max capped at {E2E_FIND_MAX_S} s",
+    }
+    for call, (seconds, stages) in CALLS.items():
+        for stage, given in stages:
+            if stage in BENCH_STAGES:
+                tma_tests = STAGE_START_S + SUITE_TMA_TESTS * SUITE_TEST_S if stage == "experimental" else 0
+                est = f"{stage_estimate(stage)[0] + tma_tests:.0f}"
+            elif stage == "suite":
+                est = f"{STAGE_START_S + (SUITE_TESTS - SUITE_TMA_TESTS) * SUITE_TEST_S:.0f}"
+            elif stage == "e2e":
+                est = f"{len(E2E_PATHS) * E2E_PATH_S + E2E_FIND_MAX_S:.0f}"
+            else:
+                est = "–"
+            out.append(f"| {call} (≤ {seconds} s) | {stage} | {given} | {est} | {what[stage]} |")
+        out.append(f"| {call} | total | {sum(g for _, g in stages)} | | |")
+    return "\n".join(out)
+
+
+def bench_args(stage: str, impl: str, tiny: bool) -> list[str]:
+    shapes, workloads, _ = BENCH_STAGES[stage]
+    triples = ",".join("x".join(map(str, SHAPES[s][1 if tiny else 0])) for s in shapes)
+    args = ["--preset", "gpu", "--shapes", triples, "--workloads", ",".join(workloads), "--impls", impl]
+    return args + (["--device", "cpu", "--repeats", "1", "--warmup", "1", "--check-tokens", "16"] if tiny else [])
+
+
+def merge(folder: Path) -> int:
+    """The results of folder/<impl>/results.json (in the stage's order) as folder/results.json and .md; the
+    number of cases."""
+    from ludic_fast.benchmark.cli import load_results, write_tables
+
+    loaded = {impl: load_results(p) for impl in BENCH_STAGES[folder.name][2]
+              if (p := folder / impl / "results.json").exists()}
+    if not loaded:
+        return 0
+    status = [f"{impl}: {loaded[impl][1].get('status', 'complete') if impl in loaded else 'no result (its log)'}"
+              for impl in BENCH_STAGES[folder.name][2]]
+    first = next(iter(loaded.values()))[1]
+    meta = {**first, "command": "; ".join(m["command"] for _, m in loaded.values()), "status": "; ".join(status)}
+    results = [r for rs, _ in loaded.values() for r in rs]
+    write_tables(results, meta, folder)
+    return len(results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=("budget", "impls", "args", "merge", "seconds"))
+    p.add_argument("name", nargs="?", help="the stage (impls, args), its folder (merge) or the call (seconds)")
+    p.add_argument("impl", nargs="?", help="args: the implementation")
+    p.add_argument("--tiny", action="store_true", help="args: the rehearsal's shapes, on the CPU")
+    a = p.parse_args(argv)
+    if a.what == "budget":
+        print(budget_table())
+    elif a.what == "merge":
+        folder = Path(a.name or "")
+        if folder.name not in BENCH_STAGES:
+            p.error(f"merge needs a stage's folder, named one of {', '.join(BENCH_STAGES)}")
+        print(f"{merge(folder)} cases in {folder}/results.md")
+    elif a.what in ("impls", "args"):
+        if a.name not in BENCH_STAGES:
+            p.error(f"{a.what} needs a bench stage: one of {', '.join(BENCH_STAGES)}")
+        impls = BENCH_STAGES[a.name][2]
+        if a.what == "impls":
+            print(" ".join(impls))
+        elif a.impl not in impls:
+            p.error(f"args {a.name} needs one of its implementations: {', '.join(impls)}")
+        else:
+            print(" ".join(bench_args(a.name, a.impl, a.tiny)))
+    else:
+        if a.name not in CALLS:
+            p.error(f"seconds needs a call: one of {', '.join(CALLS)}")
+        seconds, stages = CALLS[a.name]
+        print(f"call {seconds}")
+        print("\n".join(f"{stage} {given}" for stage, given in stages))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
