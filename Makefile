@@ -11,8 +11,9 @@
 #   make docs   regenerates docs/api.md from the docstrings (tests/test_docs.py checks every link in the docs
 #               and that docs/api.md is up to date)
 # On a CUDA machine, with its own python (GPU_PY, default python3) and its torch and triton:
-#   make test-gpu        the GPU suite, then the key GPU benchmark table
+#   make test-gpu        the GPU suite (each test under a time limit), then the key GPU benchmark table
 #   make bench-e2e-gpu   the trainer end to end
+#   (bench/gpu_session.sh: the whole GPU session in two calls, with plain bash and python; docs/kernels.md)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
@@ -87,20 +88,25 @@ test-oldest: $(OLDEST_STAMP)
 docs: $(STAMP)
 	$(PY) tools/gen_api.py
 
+# the GPU suite, each test under a time limit (bench/gpu_suite.py: a failure is a line of its verdict, a hang costs
+# its limit), then the key GPU table whatever the verdict; what this python lacks is installed from the wheels in
+# WHEELS only (--no-index: a GPU machine may have no registry). bench/gpu_session.sh runs the same without make.
+WHEELS ?= .whl
 test-gpu:
 	$(GPU_PY) -c "import sys, torch; sys.exit(None if torch.cuda.is_available() else \
 	  'make test-gpu needs a CUDA GPU: torch ' + torch.__version__ + ' sees none')"
-	$(GPU_PY) -m pip install -q --no-deps --no-build-isolation -e .
-	$(GPU_PY) tools/gpu_requirements.py | xargs -r $(GPU_PY) -m pip install -q
-	$(GPU_PY) -m pytest -q -rs --durations=15 -m "gpu or interpret" tests/gpu tests/interpret tests/test_losses_triton.py tests/test_autocast.py
-	$(GPU_PY) -m ludic_fast.cli bench --preset gpu-key
+	$(GPU_PY) -m pip install -q --no-index --no-deps --no-build-isolation -e .
+	$(GPU_PY) tools/gpu_requirements.py | xargs -r $(GPU_PY) -m pip install -q --no-index --find-links $(WHEELS)
+	status=0; $(GPU_PY) bench/gpu_suite.py --out bench/results/gpu || status=$$?; \
+	  $(GPU_PY) -m ludic_fast.cli bench --preset gpu-key || status=$$?; exit $$status
 
 # the trainer end to end on a GPU: the Qwen2.5-0.5B-shaped Llama (bf16), ours padded / packed, with and without
 # Liger body kernels, the reference loss path, stock TRL; then the largest sequences per step each path fits
+# (doubling for at most 240 s); rows and table saved after every path
 bench-e2e-gpu:
 	mkdir -p bench/results/gpu
-	$(GPU_PY) bench/trainer_e2e.py --device cuda --find-max --json bench/results/gpu/trainer_e2e.json \
-	  | tee bench/results/gpu/trainer_e2e.md
+	$(GPU_PY) bench/trainer_e2e.py --device cuda --find-max --find-max-seconds 240 \
+	  --json bench/results/gpu/trainer_e2e.json --markdown bench/results/gpu/trainer_e2e.md
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
