@@ -144,3 +144,15 @@ def test_tied_maxima(path):
     lp64, ent64 = float64_head(h, w, b, targets)
     torch.testing.assert_close(ent.detach().double(), ent64, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(lp.detach().double(), lp64, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_one_column_vocabulary_gives_exact_zeros(path):
+    """V = 1: p = 1, so logprob, entropy and every gradient are exactly 0 (temperature 1e-3)."""
+    g = torch.Generator().manual_seed(0)
+    leaves = [torch.randn(5, 24, generator=g).requires_grad_(), torch.randn(1, 24, generator=g).requires_grad_(),
+              torch.randn(1, generator=g).requires_grad_()]
+    lp, ent, loss = head_call(path, *leaves, torch.zeros(5, dtype=torch.long), torch.full((5,), 3.0),
+                              torch.full((5,), 2.0), temperature=1e-3)
+    assert bool((lp == 0).all()) and bool((ent == 0).all())
+    assert all(bool((x == 0).all()) for x in torch.autograd.grad(loss, leaves))

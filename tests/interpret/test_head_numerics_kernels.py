@@ -109,3 +109,18 @@ def test_fused_backward_recomputes_the_forward_logits_bit_for_bit():
     for key, config in head_grad.CONFIGS.items():
         assert config["BLOCK_K"] == head_fwd.CONFIGS[key]["BLOCK_K"], key
         assert config["BLOCK_K"] == head_fwd.SMALL_CONFIGS.get(key, config)["BLOCK_K"], key
+
+
+@pytest.mark.parametrize("strategy", ["fused", "workspace"])
+def test_one_column_vocabulary_gives_exact_zeros(strategy, monkeypatch):
+    """V = 1: p = 1, so logprob, entropy and every gradient are exactly 0 — also at temperature 1e-3 with a
+    softcap, where a recomputed logit one bit off the forward's would give O(1e-2) gradients."""
+    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", strategy)
+    g = torch.Generator().manual_seed(0)
+    raw = (torch.randn(5, 300, generator=g), torch.randn(1, 300, generator=g) * 3e-3, torch.randn(1, generator=g))
+    leaves = [x.to(DEVICE).requires_grad_() for x in raw]  # logits ~0.1: the softcap's tanh far from saturation
+    out = linear_logprobs(*leaves[:2], torch.zeros(5, dtype=torch.long, device=DEVICE), bias=leaves[2],
+                          temperature=1e-3, softcap=0.5, backend="triton")
+    assert bool((out.logprobs == 0).all()) and bool((out.entropy == 0).all())
+    grads = torch.autograd.grad((out.logprobs * 3.0 + out.entropy * 2.0).sum(), leaves)
+    assert all(bool((g == 0).all()) for g in grads), [float(g.abs().max()) for g in grads]
