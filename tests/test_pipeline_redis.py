@@ -537,3 +537,45 @@ def test_example_actor_and_learner_scripts_run(server):
     assert 8 <= pushed <= 8 + 16, actor.stdout  # what the learner took, plus at most the bound
     assert "round 1: pushed 4 items" in actor.stderr and "the learner" in actor.stderr
     assert "done: 2 steps" in out and "'delivered': 8" in out and "'malformed': 0" in out
+
+
+def _stderr_until(proc: subprocess.Popen, marker: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    for line in proc.stderr:
+        if marker in line:
+            return
+        assert time.monotonic() < deadline, f"no {marker!r} line in time"
+    raise AssertionError(f"the process ended before a {marker!r} line")
+
+
+@needs_server
+def test_example_scripts_stop_on_sigint_and_sigterm(server):
+    """The learner waiting for its first batch (no actor) stops on SIGINT: exit 130, the actors told to stop,
+    one closing line, no traceback; the actor waiting for the first weights (no learner) stops on SIGTERM: 143."""
+    common = ["--redis-url", server.url, "--prompts-per-batch", "2", "--group-size", "2", "--threads", "1",
+              "--device", "cpu", "--logger", "none"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    client = redis.Redis.from_url(server.url)
+    refused = subprocess.run([sys.executable, str(EXAMPLES / "learner.py"), *common, "--checkpoint-every", "5"],
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "--checkpoint-every/--resume: the pipeline learner keeps no checkpoints" in refused.stderr
+    actor = subprocess.Popen([sys.executable, str(EXAMPLES / "actor.py"), *common, "--prefix", "sig-a",
+                              "--actor-id", "a0"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    _stderr_until(actor, "waiting for the learner's first weights")
+    actor.send_signal(signal.SIGTERM)
+    out, err = actor.communicate(timeout=30)
+    assert actor.returncode == 143, err
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("[actor a0] stopped by SIGTERM: pushed 0 items")
+    learner = subprocess.Popen([sys.executable, str(EXAMPLES / "learner.py"), *common, "--prefix", "sig-l",
+                                "--sft-steps", "0", "--rl-steps", "5", "--eval-every", "0"],
+                               stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while client.hget("sig-l:weights", "version") is None:  # published version 0: now waiting for a batch
+        assert time.monotonic() < deadline and learner.poll() is None, "the learner never published"
+        time.sleep(0.1)
+    learner.send_signal(signal.SIGINT)
+    out, err = learner.communicate(timeout=60)  # it does not wait for the batch that no actor sends
+    assert learner.returncode == 130, err
+    assert "Traceback" not in err and "[learner] stopped by SIGINT after RL step 0" in err.splitlines()[-1]
+    assert client.exists("sig-l:done")

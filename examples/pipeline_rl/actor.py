@@ -6,7 +6,8 @@ Model, task, preset and sampling flags are those of `ludic-fast train` and must 
 `--engine vllm` samples with an in-process vLLM (GPU) that loads each published version. Give every actor
 its own --actor-id and --seed. Runs until the learner marks the run done (or --rounds batches), logging
 each round; it waits while the stream holds --max-queued items (default: 4 learner batches), so it never
-runs far ahead of the learner. See docs/distributed.md.
+runs far ahead of the learner. SIGINT / SIGTERM push the round in progress (or stop waiting), print one line and
+exit 130 / 143; no Redis at --redis-url: one line, exit 2. See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def run(argv: list[str] | None) -> int:
     from ludic_fast.cli_validation import UsageError
     from ludic_fast.distributed.pipeline import PipelineKeys, PipelineProducer, run_pipeline_actor
     from ludic_fast.distributed.publish import RedisWeightSubscriber
+    from ludic_fast.engine.stop import StopOnSignal
     from ludic_fast.train_cli import (
         build_engine,
         build_model_and_tokenizer,
@@ -70,7 +72,13 @@ def run(argv: list[str] | None) -> int:
     def make_items(version: int):
         return asyncio.run(rollouts.next_batch()).items
 
-    pushed = run_pipeline_actor(make_items, producer, poll_weights=subscriber.poll, num_rounds=args.rounds)
+    with StopOnSignal() as stop:  # SIGINT / SIGTERM: push the round in progress, then stop (exit 130 / 143)
+        pushed = run_pipeline_actor(make_items, producer, poll_weights=subscriber.poll, num_rounds=args.rounds,
+                                    stop_requested=lambda: stop.requested)
+        if stop.requested:
+            print(f"[actor {producer.actor_id}] stopped by {stop.signal_name}: pushed {pushed} items (nothing else "
+                  "to save); start it again to go on", file=sys.stderr)
+            return stop.exit_code
     print(f"[actor {producer.actor_id}] pushed {pushed} items; last policy version {subscriber.version}")
     return 0
 

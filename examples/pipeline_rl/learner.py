@@ -6,7 +6,8 @@
 Model, task, preset and trainer flags are those of `ludic-fast train` (defaults: the embedded tiny model and
 addition task); the actors must use the same --model/--task/--preset/--group-size/--temperature. With
 --sft-steps > 0 the learner first runs the SFT warm-up, then publishes those weights as version 0; actors
-wait for them. See docs/distributed.md.
+wait for them. SIGINT / SIGTERM finish the current step (or stop waiting for a batch), tell the actors to stop,
+print one line and exit 130 / 143; no Redis at --redis-url: one line, exit 2. See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(argv: list[str] | None) -> int:
+    import contextlib
+
     import torch
 
     from ludic_fast.cli_validation import UsageError
-    from ludic_fast.distributed.pipeline import PipelineBatchSource, PipelineKeys
+    from ludic_fast.distributed.pipeline import PipelineBatchSource, PipelineKeys, StopRequested
     from ludic_fast.distributed.publish import RedisWeightPublisher
+    from ludic_fast.engine.stop import StopOnSignal
     from ludic_fast.stats import default_reducers
     from ludic_fast.train_cli import (
         build_console_logger,
@@ -45,28 +49,39 @@ def run(argv: list[str] | None) -> int:
     add_pipeline_args(parser)
     args = parser.parse_args(argv)
     try:
+        if args.checkpoint_every > 0 or args.resume:
+            raise UsageError("--checkpoint-every/--resume: the pipeline learner keeps no checkpoints")
         tok, task = prepare(args, "train")  # the same input checks as `ludic-fast train`
     except UsageError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    model, tok = build_model_and_tokenizer(args, tok)
-    logger = build_console_logger(args.logger)
-    if args.sft_steps > 0:
-        model = run_sft(args, model, tok, task, logger)
-    keys = PipelineKeys(args.prefix)
-    publisher = RedisWeightPublisher(args.redis_url, keys=keys)
-    publisher.publish({n: p.detach() for n, p in model.named_parameters()}, version=0)  # what actors start from
-    source = PipelineBatchSource(
-        args.redis_url, keys=keys, batch_size=args.prompts_per_batch * args.group_size, max_lag=args.max_lag
-    )
-    cfg = trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)  # as `ludic-fast train`'s RL phase
-    trainer = Trainer(model=model, algo=make_algorithm(args), batch_source=source, cfg=cfg, publisher=publisher,
-                      train_logger=logger, reducers=default_reducers())
-    trainer.train_sync(args.rl_steps)
-    source.commit()  # the last batch has been trained on
-    source.mark_done()  # the actors stop
+    with StopOnSignal() as stop:  # SIGINT / SIGTERM: finish the current step, then stop (exit 130 / 143)
+        model, tok = build_model_and_tokenizer(args, tok)
+        logger = build_console_logger(args.logger)
+        if args.sft_steps > 0:
+            model = run_sft(args, model, tok, task, logger, stop=stop)
+        if stop.requested:
+            print(f"[learner] stopped by {stop.signal_name} in the SFT warm-up: nothing published", file=sys.stderr)
+            return stop.exit_code
+        keys = PipelineKeys(args.prefix)
+        publisher = RedisWeightPublisher(args.redis_url, keys=keys)
+        publisher.publish({n: p.detach() for n, p in model.named_parameters()}, version=0)  # what actors start from
+        source = PipelineBatchSource(args.redis_url, keys=keys, batch_size=args.prompts_per_batch * args.group_size,
+                                     max_lag=args.max_lag, stop_requested=lambda: stop.requested)
+        cfg = trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)  # as `ludic-fast train`'s RL phase
+        trainer = Trainer(model=model, algo=make_algorithm(args), batch_source=source, cfg=cfg, publisher=publisher,
+                          train_logger=logger, reducers=default_reducers())
+        with contextlib.suppress(StopRequested):  # stopped while waiting for a batch
+            trainer.train_sync(args.rl_steps, stop=stop)
+        source.commit()  # the batches trained on
+        source.mark_done()  # the actors stop
+        if stop.requested:
+            print(f"[learner] stopped by {stop.signal_name} after RL step {trainer.step_idx}: its weights are "
+                  f"published (version {trainer.step_idx}), the batches trained on acknowledged, the actors told "
+                  "to stop; the learner keeps no checkpoint", file=sys.stderr)
+            return stop.exit_code
     print(f"[learner] done: {trainer.step_idx} steps; pipeline counters {source.counters}")
     return 0
 

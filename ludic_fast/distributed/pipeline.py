@@ -216,6 +216,8 @@ def run_pipeline_actor(
                 break
             if poll_weights is not None:
                 new = poll_weights()
+                if new is None and version is None:
+                    log.info("actor %s: waiting for the learner's first weights", producer.actor_id)
                 while new is None and version is None:
                     if stop_requested():
                         raise StopRequested("waiting for the first weights")
