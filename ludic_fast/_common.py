@@ -20,7 +20,8 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class HeadOutput(NamedTuple):
-    """Per-token results of the LM head; every tensor has the shape of `targets` and dtype float32.
+    """Per-token results of the LM head; every tensor has the shape of `targets` and dtype float32 (float64 when
+    hidden or weight is float64: finite-difference checks).
 
     logprobs: log p(y_t) at the target (0 where `targets == ignore_index`).
     entropy:  H_t = -sum_v p_v log p_v (0 at ignored positions), or None when not requested.

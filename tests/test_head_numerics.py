@@ -156,3 +156,19 @@ def test_one_column_vocabulary_gives_exact_zeros(path):
                               torch.full((5,), 2.0), temperature=1e-3)
     assert bool((lp == 0).all()) and bool((ent == 0).all())
     assert all(bool((x == 0).all()) for x in torch.autograd.grad(loss, leaves))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_fp16_logits_beyond_fp16_range(path):
+    """fp16 hidden and weight on the CPU: logits of 8e4 (past fp16's 65504) are formed in fp32, not inf/NaN."""
+    g = torch.Generator().manual_seed(0)
+    h = (20 + torch.rand(6, 8, generator=g)).half()
+    w = (400 + 100 * torch.rand(5, 8, generator=g)).half()
+    targets = torch.tensor([0, 1, 2, 3, 4, 0])
+    leaves = [h.clone().requires_grad_(), w.clone().requires_grad_(), torch.zeros(5, requires_grad=True)]
+    lp, ent, loss = head_call(path, *leaves, targets, torch.ones(6), torch.ones(6))
+    lp64, ent64 = float64_head(h, w, torch.zeros(5), targets)
+    assert float((h.double() @ w.double().T).max()) > 65504
+    torch.testing.assert_close(lp.detach().double(), lp64, rtol=1e-5, atol=1e-2)  # |z| ~ 1e5: ulp(z) ~ 1e-2
+    torch.testing.assert_close(ent.detach().double(), ent64, rtol=1e-3, atol=1e-3)
+    assert all(bool(torch.isfinite(x).all()) for x in torch.autograd.grad(loss, leaves))

@@ -64,7 +64,8 @@ def linear_logprobs(
     """Per-token log p(y) and entropy of `z = softcap(logit_scale (h W^T + b)) / T`, without [N, V] logits.
 
     hidden [..., D] (any float dtype, any strides), weight [V, D], targets [...] ints, temperature a float
-    or a tensor with the shape of targets. Returns `HeadOutput(logprobs, entropy, lse)` with the shape of
+    or a tensor with the shape of targets (finite and > 0; one that requires grad is refused: the head gives
+    temperature no gradient). Returns `HeadOutput(logprobs, entropy, lse)` with the shape of
     targets, float32 (float64 when hidden or weight is float64); logprobs and entropy are 0 where
     `targets == ignore_index`. Differentiable w.r.t. hidden, weight and bias for any upstream gradients of
     logprobs and entropy:

@@ -25,7 +25,8 @@ The chunk sizes come from `ludic_fast.ops.plan` (on the CPU: the element rule of
 chunks of DEFAULT_CHUNK_ELEMENTS logit elements). The chunk kernels here are also the building blocks of the
 fused-loss mode (`ludic_fast.ops.fused_loss`), which forms d(raw) in the forward pass. On CUDA with bf16/fp16 inputs the
 logits GEMM has an fp32 output (no rounding of the logits to the input dtype) and the gradient GEMMs take
-d(raw) rounded to the input dtype with fp32 accumulation: the precision of the triton backend.
+d(raw) rounded to the input dtype with fp32 accumulation: the precision of the triton backend. On the CPU, bf16
+logits are multiplied (and rounded) in bf16, fp16 ones in fp32 (fp16's range ends at 65504).
 """
 
 from __future__ import annotations
@@ -178,7 +179,8 @@ class ChunkedHead:
         """Final float32 logits of a (rows x cols) chunk."""
         w = self.weight[cols].to(self.compute_dtype)
         lowp_cuda = h_c.is_cuda and h_c.dtype in (torch.float16, torch.bfloat16)
-        z = gemm_f32(h_c, w.T) if lowp_cuda else (h_c @ w.T).to(self.acc)  # CUDA: fp32 logits, no rounding
+        # CUDA: fp32 logits, no rounding; fp16 elsewhere: an fp32 GEMM (fp16 logits overflow above 65504)
+        z = gemm_f32(h_c, w.T) if lowp_cuda or h_c.dtype == torch.float16 else (h_c @ w.T).to(self.acc)
         if self.bias is not None:
             z.add_(self.bias[cols])
         return self.transform.apply_(z, rows)
