@@ -19,10 +19,12 @@ import contextlib
 import datetime
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -116,7 +118,7 @@ def _csv(text: str) -> list[str]:
     return items
 
 
-def _names(known: dict, what: str):
+def _names(known: Mapping[str, object], what: str) -> Callable[[str], list[str]]:
     """argparse type: a comma list of keys of `known`."""
 
     def parse(text: str) -> list[str]:
@@ -129,7 +131,7 @@ def _names(known: dict, what: str):
     return parse
 
 
-def _int_at_least(minimum: int):
+def _int_at_least(minimum: int) -> Callable[[str], int]:
     """argparse type: an int >= `minimum`."""
 
     def parse(text: str) -> int:
@@ -156,7 +158,7 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
+    if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
