@@ -112,7 +112,7 @@ def _in_process_measure(spec: dict[str, Any], timeout_s: float) -> tuple[dict[st
     alike (a peer compiled at many shapes would otherwise reach dynamo's recompile limit and silently run
     uncompiled)."""
     preload()  # the peers' imports are no part of a case's time
-    faulthandler.dump_traceback_later(timeout_s, exit=True)
+    faulthandler.dump_traceback_later(timeout_s, exit=True, file=sys.__stderr__)  # the process's own stderr
     try:
         return measure(spec), None
     except Exception as exc:  # a peer's failure of any kind is a result to report, not a crash of the suite
