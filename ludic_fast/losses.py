@@ -22,6 +22,7 @@ max entropy), top-rho entropy masking (batch quantile). All others are token-loc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -424,7 +425,8 @@ class PolicyOptions:
     entropy_coeff   c of an entropy bonus -c H_t per token, with the loss's aggregation.
     entropy_top_rho ρ: the policy term only on tokens with H_t >= the (1-ρ) quantile of the batch (coupled).
     alpha_zvp       RL-ZVP: for batch['zvp_direction'] = +1 sequences A_t = α sg(H_t), for -1
-                    A_t = -α (max_response sg(H) - sg(H_t)); 0 keeps A (coupled).
+                    A_t = -α (max_response sg(H) - sg(H_t)); 0 keeps A (coupled). Any other direction
+                    makes its sequence's advantages NaN, so the loss is NaN (checked without a host sync).
     """
 
     aggregation: str | None = None
@@ -486,7 +488,8 @@ class _TokenPolicyLoss(HeadLoss, PolicyOptions):
         h = H.detach()
         pos = self.alpha_zvp * h
         neg = -self.alpha_zvp * (tb.seq_max(h)[tb.seq] - h)
-        return torch.where(direction > 0, pos, torch.where(direction < 0, neg, adv))
+        zvp = torch.where(direction > 0, pos, torch.where(direction < 0, neg, adv))
+        return torch.where((direction == 0) | (direction.abs() == 1), zvp, math.nan)  # no silent sign reading
 
     def _is_weights(self, tb: TokenBatch) -> Tensor:
         rho = tb.token("is_weights", f"{type(self).__name__}(is_level)")

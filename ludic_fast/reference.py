@@ -575,6 +575,8 @@ def _zvp_advantages(adv: Tensor, ent: Tensor, s: _Shifted, alpha: float) -> Tens
     """RL-ZVP: +1 rows A_t = α H_t; -1 rows A_t = -α (max_{k in response} H_k - H_t); 0 rows keep A."""
     adv = adv.clone()
     for b, direction in enumerate(s.batch["zvp_direction"].tolist()):
+        if direction not in (-1, 0, 1):
+            raise ValueError(f"zvp_direction must be -1, 0 or +1, got {direction} (sequence {b})")
         sel = s.mask[b] > 0
         if direction > 0:
             adv[b] = alpha * ent[b]

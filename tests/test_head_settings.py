@@ -87,3 +87,19 @@ def test_temperature_tensor_that_requires_grad_is_refused_not_ignored():
 )
 def test_loss_constructors_refuse_bad_settings(name, make):
     _raises(ValueError, name, make)
+
+
+@pytest.mark.parametrize("path", ["fused", "generic", "logits"])
+@pytest.mark.parametrize("direction", [2.0, 0.5, -3.0])
+def test_zvp_direction_outside_its_values_is_not_read_by_its_sign(direction, path):
+    """zvp_direction must be -1, 0 or +1: another value makes the loss NaN (no host sync in the loss), and the
+    reference refuses it."""
+    batch, h, W, b = make_batch(0)
+    batch["zvp_direction"] = torch.tensor([1.0, direction, 0.0, -1.0])  # row 1 has action tokens
+    loss_fn = L.ZVPCISPOLoss()
+    if path == "logits":
+        loss, _ = loss_fn(batch, logits=R.head_logits(h, W, b))
+    else:
+        loss, _ = loss_fn(batch, hidden=h, weight=W, bias=b, fused=path == "fused")
+    assert bool(torch.isnan(loss))
+    _raises(ValueError, "zvp_direction", lambda: R.ZVPCISPOLoss()(batch, logits=R.head_logits(h, W, b)))
