@@ -207,3 +207,21 @@ def test_cpo_matches_trl(case):
     assert abs(float(stats["rewards_margin"]) - metrics["rewards/margins"]) <= 1e-5
     if trl_cfg.get("cpo_alpha", 1.0):  # TRL reports nll_loss 0 when it does not compute it
         assert abs(float(stats["nll"]) - metrics["nll_loss"]) <= 1e-5
+
+
+def test_ipo_empty_prompt_mapping():
+    # with an empty prompt the first response token has no position before it: we divide each log-ratio by the
+    # n scored tokens, TRL by the n + 1 completion tokens (docs/preference.md); with n + 1 TRL's value follows
+    batch, h, W, b, ref_logits = _pairs_with_reference(4)
+    batch["action_mask"] = batch["attention_mask"].clone().float()  # every token a response token
+    batch["ref_logps"] = batch["ref_logps"].new_zeros(batch["ref_logps"].shape)
+    batch["ref_logps"][:, 1:] = R.compute_token_logp(ref_logits, batch["input_ids"]) * batch["action_mask"][:, 1:]
+    logits = R.head_logits(h, W, b)
+    peer, _ = _trl_dpo_loss(batch, logits, ref_logits, loss_type="ipo", beta=0.5)
+    ours = P.IPOLoss(beta=0.5)(batch, logits=logits)[0]
+    mask = batch["action_mask"][:, 1:]
+    c = ((R.compute_token_logp(logits, batch["input_ids"]) - batch["ref_logps"][:, 1:]) * mask).sum(1)
+    n = mask.sum(1)
+    assert rel_err(ours, ((c[0::2] / n[0::2] - c[1::2] / n[1::2] - 1.0) ** 2).mean()) <= 1e-5
+    trl_form = ((c[0::2] / (n[0::2] + 1) - c[1::2] / (n[1::2] + 1) - 1.0) ** 2).mean()
+    assert rel_err(peer, trl_form) <= 1e-5 and rel_err(ours, peer) > 1e-3
