@@ -10,43 +10,14 @@ import copy
 
 import pytest
 import torch
-from _vllm import needs_vllm
+from _vllm import EOS, needs_vllm, tiny_sft_model
 
 from ludic_fast.rollout.engine import HFGenerateEngine, SamplingConfig
 from ludic_fast.rollout.vllm_engine import VLLMEngine, check_push_names, map_weights_for_vllm, request_seed
 
-EOS = 2
 MAX_MODEL_LEN = 64
 #: fp32 engine vs the model's own fp32 log_softmax(z / T): measured max abs diff ~1e-6 on this model
 FP32_LOGPROB_TOL = 1e-4
-
-
-def _tiny_sft_model(steps: int = 120):
-    """The embedded tiny Llama after a short SFT on the addition task (answers end in eos), its tokenizer, prompts."""
-    from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
-    from ludic_fast.rollout import embedded_default_task
-
-    tok = build_char_tokenizer()
-    model = build_tiny_model(len(tok), pad_token_id=tok.pad_token_id, eos_token_id=EOS, bos_token_id=tok.bos_token_id)
-    rows = embedded_default_task(seed=0).samples
-    enc = [(tok.encode(r["prompt"], add_special_tokens=False), tok.encode(r["answer"], add_special_tokens=False))
-           for r in rows]
-    width = max(len(p) + len(a) + 1 for p, a in enc)
-    ids = torch.full((len(enc), width), tok.pad_token_id)
-    labels = torch.full_like(ids, -100)
-    for i, (p, a) in enumerate(enc):
-        seq = p + a + [EOS]
-        ids[i, : len(seq)] = torch.tensor(seq)
-        labels[i, len(p) : len(seq)] = torch.tensor(a + [EOS])
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        for _ in range(steps):
-            loss = model(input_ids=ids, attention_mask=(ids != tok.pad_token_id).long(), labels=labels).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-    return model.eval(), tok, [p for p, _ in enc]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +25,7 @@ def served(tmp_path_factory):
     """(engine, trainer-side model, prompts): the SFT'd tiny Llama saved and served by vLLM in fp32, with a token
     budget of one max-length sequence; torch's thread count recorded around the engine's construction."""
     needs_vllm()
-    model, tok, prompts = _tiny_sft_model()
+    model, tok, prompts = tiny_sft_model()
     path = tmp_path_factory.mktemp("tiny_llama")
     model.save_pretrained(path)
     tok.save_pretrained(path)

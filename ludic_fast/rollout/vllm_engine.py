@@ -104,6 +104,17 @@ def check_push_names(names: set[str], expected: frozenset[str]) -> None:
         )
 
 
+def check_generate_args(prompts: list[list[int]], sampling: SamplingConfig) -> None:
+    """ValueError for an empty prompt list or prompt, and for top-k / top-p (vLLM's logprobs would be truncated)."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty token id lists")
+    if sampling.top_k or sampling.top_p < 1:
+        raise ValueError(
+            "sampling: vLLM engines take no top_k / top_p (vLLM's logprobs would be those of the truncated "
+            "distribution, not log_softmax(z / T) as the losses expect)"
+        )
+
+
 def request_seed(seed: int, index: int) -> int:
     """The seed of request `index` of a call seeded with `seed` (63 bits, the same on every run)."""
     return random.Random(f"{seed}:{index}").getrandbits(63)
@@ -164,13 +175,7 @@ class VLLMEngine:
         """Completions of each prompt (token ids); request i sampled with seed `request_seed(seed, i)` when given."""
         from vllm import SamplingParams
 
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("prompts must be a non-empty list of non-empty token id lists")
-        if sampling.top_k or sampling.top_p < 1:
-            raise ValueError(
-                "sampling: VLLMEngine takes no top_k / top_p (vLLM's logprobs would be those of the truncated "
-                "distribution, not log_softmax(z / T) as the losses expect)"
-            )
+        check_generate_args(prompts, sampling)
         params = [
             SamplingParams(
                 temperature=sampling.temperature,
@@ -200,4 +205,12 @@ class VLLMEngine:
         self.version = int(version)
 
 
-__all__ = ["VLLMEngine", "vllm_weight_name", "map_weights_for_vllm", "checkpoint_tensor_names", "request_seed"]
+__all__ = [
+    "VLLMEngine",
+    "vllm_weight_name",
+    "map_weights_for_vllm",
+    "checkpoint_tensor_names",
+    "check_push_names",
+    "check_generate_args",
+    "request_seed",
+]

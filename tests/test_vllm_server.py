@@ -1,0 +1,78 @@
+"""Server mode on a real vLLM (`make test`: .venv-vllm, vLLM's CPU build): VLLMServer starts vLLM's OpenAI server on
+loopback for the SFT'd tiny Llama; VLLMServerEngine samples through it (distinct, reproducible seeded groups;
+log-probs equal the model's log_softmax(z / T)) and pushes weights through its weight-update path (the engine
+then scores with the new weights; wrong names are refused before anything is written)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _vllm import EOS, needs_vllm, tiny_sft_model
+
+from ludic_fast.rollout.engine import SamplingConfig
+from ludic_fast.rollout.vllm_server import VLLMServer, VLLMServerEngine
+
+TOL = 1e-4  # fp32 server vs the fp32 model, as in test_vllm_engine
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    needs_vllm()
+    model, tok, prompts = tiny_sft_model()
+    path = tmp_path_factory.mktemp("tiny_llama_served")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    args = ["--dtype", "float32", "--max-model-len", "64", "--enforce-eager", "--kv-cache-memory-bytes", str(64 << 20)]
+    with VLLMServer(str(path), extra_args=args, log_path=str(path / "server.log")) as srv:
+        engine = VLLMServerEngine(srv.url, eos_token_id=EOS, checkpoint=str(path),
+                                  weights_dir=str(tmp_path_factory.mktemp("pushes")))
+        yield engine, model, prompts
+
+
+def _max_diff(model, completions, temperature: float) -> float:
+    worst = 0.0
+    with torch.no_grad():
+        for c in completions:
+            ids = torch.tensor([c.prompt_ids + c.completion_ids])
+            logits = model(input_ids=ids).logits[0, len(c.prompt_ids) - 1 : -1].double() / temperature
+            ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.completion_ids)[:, None])[:, 0]
+            worst = max(worst, float((torch.tensor(c.logprobs, dtype=torch.float64) - ref).abs().max()))
+    return worst
+
+
+def test_server_samples_distinct_reproducible_groups_with_the_models_logprobs(server):
+    engine, model, prompts = server
+    group = [[7, 14]] * 8  # "3+": an uncertain continuation (see test_vllm_engine)
+    sampling = SamplingConfig(temperature=1.5, max_new_tokens=12)
+    first, again = engine.generate(group, sampling, seed=11), engine.generate(group, sampling, seed=11)
+    texts = [tuple(c.completion_ids) for c in first]
+    assert len(set(texts)) >= 5, texts
+    assert texts == [tuple(c.completion_ids) for c in again]
+    assert _max_diff(model, first, 1.5) < TOL
+    greedy = engine.generate(prompts[:8], SamplingConfig(temperature=0.0, max_new_tokens=8))
+    assert {c.finish_reason for c in greedy} == {"stop"} and all(c.completion_ids[-1] == EOS for c in greedy)
+    assert _max_diff(model, greedy, 1.0) < TOL
+
+
+def test_server_weight_push_switches_to_the_new_weights_and_refuses_wrong_names(server):
+    engine, model, prompts = server
+    new = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=6)
+    with pytest.raises(ValueError, match="is not a tensor of the served checkpoint"):
+        engine.publish({"module.module." + k: v for k, v in new.named_parameters()}, version=1)
+    assert engine.version == 0 and not list(engine.weights_dir.glob("v*"))
+    try:
+        engine.publish({"module." + k: v for k, v in new.named_parameters()}, version=1)  # DDP names
+        completions = engine.generate(prompts[:12], sampling, seed=2)
+        assert _max_diff(new, completions, 1.0) < TOL
+        assert _max_diff(model, completions, 1.0) > 1e-2
+        assert engine.version == 1 and [p.name for p in engine.weights_dir.glob("v*")] == ["v1"]
+    finally:
+        engine.publish(dict(model.named_parameters()), version=2)
+    assert _max_diff(model, engine.generate(prompts[:8], sampling, seed=2), 1.0) < TOL
