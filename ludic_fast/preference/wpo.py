@@ -59,16 +59,17 @@ def with_log_sum_sq_probs(
     vocab = source.shape[-1] if logits is not None else weight.shape[0]
     temp = temperature.reshape(-1)[tb.rows] if isinstance(temperature, Tensor) and temperature.ndim > 0 else temperature
     transform = HeadTransform.build(logit_scale, softcap, temp, tb.n, source.device)
-    wide = torch.float64 if torch.float64 in (source.dtype, getattr(weight, "dtype", None)) else torch.float32
+    compute = source.dtype if weight is None else torch.promote_types(source.dtype, weight.dtype)
+    wide = torch.float64 if compute == torch.float64 else torch.float32
     out = torch.zeros(tb.n, dtype=wide, device=source.device)
     step = _chunk_rows(vocab, chunk_elements, memory_budget)
-    w_t = None if weight is None else weight.to(wide).T
+    w_t = None if weight is None else weight.to(compute).T  # a copy only when hidden and weight dtypes differ
     for start in range(0, tb.n, step):
         rows = slice(start, min(start + step, tb.n))
         if logits is not None:
             z = rows_x[rows].to(wide)
-        else:
-            z = rows_x[rows].to(wide) @ w_t
+        else:  # the GEMM in the operands' dtype (as the head's on the CPU), the statistics in float32 / float64
+            z = (rows_x[rows].to(compute) @ w_t).to(wide)
             if bias is not None:
                 z += bias.to(wide)
             z = transform.apply_(z, rows)
