@@ -291,3 +291,13 @@ def test_what_a_trainer_must_provide():
                      "ORPOLoss": False}
     assert P.DPOLoss(ld_alpha=0.5).needs_token_reference and not P.DPOLoss().needs_token_reference
     assert not P.CPOLoss().needs_token_reference and not P.KTOLoss().needs_token_reference
+
+
+def test_wpo_bf16_head_loose():
+    # bf16 hidden and weight: the pre-pass multiplies in bf16 (as the head on the CPU), the twin upcasts the same
+    # bf16 values; the RL losses' documented bf16 tolerance
+    batch, h, W, b = make_pairs(2)
+    hb, Wb = h.detach().bfloat16().requires_grad_(True), W.detach().bfloat16()
+    loss, stats = P.DPOLoss(use_weighting=True)(batch, hidden=hb, weight=Wb, bias=b.detach())
+    ref_loss, ref_stats = RP.DPOLoss(use_weighting=True)(batch, logits=R.head_logits(hb.float(), Wb.float(), b))
+    assert rel_err(loss, ref_loss) <= 3e-2 and rel_err(stats["wpo_weight"], ref_stats["wpo_weight"]) <= 3e-2
