@@ -107,7 +107,7 @@ triton.__version__, 'gpu', torch.cuda.is_available())"
 }
 
 suite() {  # suite GROUP SECONDS
-    logged "suite-$1-run" "$2" "$PY" bench/gpu_suite.py --out "$RESULTS" --group "$1" --seconds "$(($2 - 5))" \
+    logged "suite-$1-run" "$2" "$PY" bench/gpu_suite.py --out "$RESULTS" --group "$1" --seconds "$(($2 - 10))" \
         --test-seconds "$TEST_SECONDS"
 }
 
