@@ -78,3 +78,29 @@ def tied_rows(seed: int = 0):
     w[100:103], b[100:103] = 0.0, 0.0  # three more zero rows in an earlier vocabulary tile
     targets = torch.randint(0, V, (N,), generator=g)
     return h, w, b, targets
+
+
+def check_vocab_parallel(rank: int, world: int) -> None:
+    """On rank `rank` of a vocab-parallel group: confident rows at logit offset 1e3 (entropy exact), and a
+    masked vocabulary whose second shard is masked whole (values and gradients finite and exact)."""
+    from ludic_fast.distributed import vocab_parallel_linear_logprobs, vocab_partition
+
+    start, stop = vocab_partition(V, world, rank)
+    h, w, b, targets = confident_rows(1e3)
+    out = vocab_parallel_linear_logprobs(h, w[start:stop], targets, bias=b[start:stop], process_group=None,
+                                         vocab_start=start, vocab_size=V, chunk_elements=16 * 40)  # vocabulary slices
+    assert_entropy_exact(out.entropy, float64_head(h, w, b, targets)[1])
+    h, w, b, targets, masked, keep = masked_case()
+    second = vocab_partition(V, world, 1)[0]
+    b[second:] = float("-inf")
+    keep = keep[keep < second]
+    targets = keep[torch.arange(N) % keep.numel()]
+    leaves = [t.clone().requires_grad_() for t in (h, w[start:stop], b[start:stop])]
+    out = vocab_parallel_linear_logprobs(leaves[0], leaves[1], targets, bias=leaves[2], process_group=None,
+                                         vocab_start=start, vocab_size=V)
+    lp64, ent64, (dh64, dw64, db64) = grads64(h, w, b, targets, torch.ones(N), torch.ones(N), keep)
+    torch.testing.assert_close(out.entropy.double(), ent64, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.logprobs.double(), lp64, rtol=1e-5, atol=1e-5)
+    dh, dw, db = torch.autograd.grad((out.logprobs + out.entropy).sum(), leaves)
+    assert rel_err(dh, dh64) <= 1e-5 and rel_err(dw, dw64[start:stop]) <= 1e-5 and rel_err(db, db64[start:stop]) <= 1e-5
+

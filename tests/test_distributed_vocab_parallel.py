@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from _head_numerics import check_vocab_parallel
 
 from ludic_fast import losses, reference
 from ludic_fast.distributed import vocab_parallel_linear_logprobs, vocab_parallel_loss, vocab_partition
@@ -135,6 +136,7 @@ def _worker(rank: int, world: int) -> None:
     _check_head(rank, world)
     _check_bf16(rank, world)
     _check_losses(rank, world)
+    check_vocab_parallel(rank, world)  # confident tokens and a masked vocabulary (tests/_head_numerics.py)
 
 
 def test_vocab_parallel_two_ranks_equal_single_process():

@@ -172,3 +172,4 @@ def test_fp16_logits_beyond_fp16_range(path):
     torch.testing.assert_close(lp.detach().double(), lp64, rtol=1e-5, atol=1e-2)  # |z| ~ 1e5: ulp(z) ~ 1e-2
     torch.testing.assert_close(ent.detach().double(), ent64, rtol=1e-3, atol=1e-3)
     assert all(bool(torch.isfinite(x).all()) for x in torch.autograd.grad(loss, leaves))
+

@@ -102,6 +102,15 @@ def torch_blocks(
     ).blocks
 
 
+class RowSums(NamedTuple):
+    """Per-row online sums of the final logits relative to the row maximum m (module docstring)."""
+
+    m: Tensor  # max_j z_j (-inf for a row without a finite logit)
+    tail: Tensor  # sum_{j != argmax} e^{z_j - m}
+    t: Tensor  # sum_j e^{z_j - m} (z_j - m); zeros without entropy
+    zy: Tensor  # the target's logit (0 where the target is not in these columns)
+
+
 class RowStats(NamedTuple):
     """Per-row statistics of the final logits (float32, or float64 for float64 inputs); see the module
     docstring. `elp` and `entropy` are zeros when entropy was not asked for."""
@@ -196,7 +205,11 @@ class ChunkedHead:
         return rel.clamp_(min=REL_LOGIT_FLOOR) if self.may_mask else rel
 
     def stats(self, h_c: Tensor, rows: slice, with_entropy: bool) -> RowStats:
-        """`RowStats` of a row chunk, online over vocab slices with sums relative to the running maximum."""
+        """`RowStats` of a row chunk (from `sums`)."""
+        return stats_from_sums(*self.sums(h_c, rows, with_entropy), with_entropy)
+
+    def sums(self, h_c: Tensor, rows: slice, with_entropy: bool) -> RowSums:
+        """`RowSums` of a row chunk, online over vocab slices with sums relative to the running maximum."""
         n = rows.stop - rows.start
         dev = h_c.device
         m = torch.full((n,), float("-inf"), device=dev, dtype=self.acc)
@@ -218,7 +231,7 @@ class ChunkedHead:
                 t = (t + moved) * keep + torch.linalg.vecdot(e, rel)
             tail = torch.where(new, 1.0 + tail, tail) * keep + e.sum(1)
             m = m_new
-        return stats_from_sums(m, tail, t, zy, with_entropy)
+        return RowSums(m, tail, t, zy)
 
     def grad_raw_(
         self, z: Tensor, rows: slice, cols: slice, lse: Tensor, elp: Tensor, g_lp: Tensor, g_H: Tensor | None
@@ -293,16 +306,15 @@ class LinearLogprobsFunction(torch.autograd.Function):
     `head_args = (transform, chunks, ignore_index)`, `chunks` as `ChunkedHead` takes it."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, head_args, with_entropy, merge_stats=None):  # type: ignore[override]
-        """`merge_stats(RowStats) -> RowStats` combines the statistics of a vocabulary shard into those of the
+    def forward(ctx, hidden, weight, bias, targets, head_args, with_entropy, merge_sums=None):  # type: ignore[override]
+        """`merge_sums(RowSums) -> RowStats` combines the sums of a vocabulary shard into the statistics of the
         whole vocabulary (vocab-parallel); None for an unsharded weight."""
         transform, chunks, ignore_index = head_args
         head = ChunkedHead(hidden, weight, bias, targets, transform, chunks, ignore_index)
-        parts = [head.stats(head.h_rows(rows), rows, with_entropy) for rows in head.row_chunks()]
+        parts = [head.sums(head.h_rows(rows), rows, with_entropy) for rows in head.row_chunks()]
         empty = torch.empty(0, device=hidden.device, dtype=head.acc)
-        stats = RowStats(*(torch.cat(x) if x else empty for x in zip(*parts))) if parts else RowStats(*[empty] * 4)
-        if merge_stats is not None:
-            stats = merge_stats(stats)
+        sums = RowSums(*(torch.cat(x) for x in zip(*parts))) if parts else RowSums(*[empty] * 4)
+        stats = stats_from_sums(*sums, with_entropy) if merge_sums is None else merge_sums(sums)
         lse, elp = stats.lse, stats.elp
         zero = torch.zeros_like(lse)
         logprobs = torch.where(head.valid, stats.zy - lse, zero)

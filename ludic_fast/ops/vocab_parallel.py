@@ -3,15 +3,18 @@
 Every rank of `process_group` sees the same hidden states and global target ids and computes, with the torch
 backend's chunk machinery (`ChunkedHead`), the statistics of its own vocabulary rows:
 
-    lse_r = log sum_{v in r} e^{z_v},   elp_r = sum_{v in r} p^{(r)}_v z_v - lse_r,   zy_r = z_y if y in r else 0
+    m_r = max_{v in r} z_v,   tail_r = sum_{v in r, v != argmax} e^{z_v - m_r},
+    t_r = sum_{v in r} e^{z_v - m_r} (z_v - m_r),   zy_r = z_y if y in r else 0     (`torch_head.RowSums`)
 
-Two all-reduces combine them into the statistics of the full vocabulary (MAX, then one SUM of a [3, N] tensor),
-every sum relative to the largest shard lse M (so a confident token's entropy keeps its relative precision):
+Two all-reduces combine them into the sums of the full vocabulary (MAX of m, then one SUM of a [4, N] tensor),
+relative to M = max_r m_r, each shard's e^0 = 1 kept out of the tail, so a confident token's entropy keeps its
+relative precision: with c_r = e^{m_r - M},
 
-    M = max_r lse_r,   w_r = e^{lse_r - M},   S = sum_r w_r,   B = sum_r w_r (elp_r + lse_r - M)
-    lse = M + log S,   H = log S - B / S,   elp = B / S + (M - lse),   z_y = sum_r zy_r,   logprob = z_y - lse
+    top = #{r: m_r = M},   tail = sum_{m_r = M} tail_r + sum_{m_r < M} (1 + tail_r) c_r,
+    t = sum_r (t_r + (1 + tail_r)(m_r - M)) c_r,   z_y = sum_r zy_r
 
-(B / S = E_p z - M; a shard whose logits are all -inf has w_r = 0 and adds nothing.)
+then `torch_head.stats_from_sums`: log s = log(top) + log1p(tail / top), lse = M + log s, H = log s - t / s,
+elp = (M - lse) + t / s (a shard whose logits are all -inf has c_r = 0 and adds nothing).
 Backward: each rank forms dz on its columns with the global (lse, elp),
 `dz_j = g_lp (1[j=y] - p_j) - g_H p_j (log p_j - elp)`, so dW and db are complete for its rows and dh is the
 partial sum over its rows; `reduce_grad_hidden=True` all-reduces dh (SUM) so every rank gets the full gradient,
@@ -28,7 +31,15 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ludic_fast._common import HeadOutput, validate_head_inputs
-from ludic_fast.ops.torch_head import HeadTransform, LinearLogprobsFunction, RowStats, torch_blocks
+from ludic_fast.ops.torch_head import (
+    HeadTransform,
+    LinearLogprobsFunction,
+    RowStats,
+    RowSums,
+    finite_or_zero,
+    stats_from_sums,
+    torch_blocks,
+)
 
 
 def vocab_partition(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -43,18 +54,18 @@ def vocab_partition(vocab_size: int, world_size: int, rank: int) -> tuple[int, i
     return start, start + base + (1 if rank < extra else 0)
 
 
-def _combine_stats(local: RowStats, group) -> RowStats:
-    """`RowStats` of this rank's vocabulary rows -> those of the whole vocabulary (module docstring)."""
-    m = local.lse.clone()
-    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-    w = torch.exp(local.lse - m)
-    mass = torch.where(w > 0, w * (local.elp + (local.lse - m)), torch.zeros_like(w))
-    sums = torch.stack([w, mass, local.zy])
+def _combine_sums(local: RowSums, group) -> RowStats:
+    """`RowSums` of this rank's vocabulary rows -> `RowStats` of the whole vocabulary (module docstring)."""
+    big_m = local.m.clone()
+    dist.all_reduce(big_m, op=dist.ReduceOp.MAX, group=group)
+    shift = finite_or_zero(big_m)
+    c = torch.exp(local.m - shift)
+    at_max = (local.m == big_m) & torch.isfinite(local.m)
+    tail = torch.where(at_max, local.tail, (1.0 + local.tail) * c)
+    t = torch.where(torch.isneginf(local.m), 0.0, (local.t + (1.0 + local.tail) * (local.m - shift)) * c)
+    sums = torch.stack([at_max.to(tail.dtype), tail, t, local.zy])
     dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
-    log_s = torch.log(sums[0])
-    lse = m + log_s
-    e_rel = sums[1] / sums[0]
-    return RowStats(lse, e_rel + (m - lse), sums[2], log_s - e_rel)
+    return stats_from_sums(big_m, sums[1], sums[2], sums[3], with_entropy=True, top=sums[0])
 
 
 class VocabParallelLogprobsFunction(torch.autograd.Function):
@@ -64,7 +75,7 @@ class VocabParallelLogprobsFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, local_targets, head_args, with_entropy, group, reduce_dh):  # type: ignore[override]
-        merge = functools.partial(_combine_stats, group=group)
+        merge = functools.partial(_combine_sums, group=group)
         out = LinearLogprobsFunction.forward(ctx, hidden, weight, bias, local_targets, head_args, with_entropy, merge)
         ctx.group, ctx.reduce_dh = group, reduce_dh
         return out
