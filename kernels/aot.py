@@ -92,11 +92,11 @@ SPECS = (
          "NARROW": True, "ROWS": head_rows.ROWS, "BLOCK_V": head_rows.BLOCK_V},
         {"num_warps": head_rows.NUM_WARPS}, False,
     ),
-    *(KernelSpec(  # every feature on: biases, softcap, hard-label mixing, the gradient sweep; per divergence kind
+    *(KernelSpec(  # every feature on: biases, softcap, hard labels, entropy, the gradient sweep; per divergence kind
         f"divergence_rows[{kind}]", divergence_rows.divergence_rows_kernel,
         {"tgt_ptr": "*i32", "beta": "fp32", "hard": "fp32"},
         {"KIND": k, "HAS_BS": True, "HAS_BT": True, "HARD": True, "GRAD": True, "T_LOGITS": True, **_TRANSFORM,
-         "BLOCK_V": divergence_rows.BLOCK_V},
+         "ENTROPY": True, "BLOCK_V": divergence_rows.BLOCK_V},
         {"num_warps": divergence_rows.NUM_WARPS}, False,
     ) for k, kind in enumerate(("forward_kl", "reverse_kl", "jsd"))),
 )

@@ -15,7 +15,10 @@ Every term of zero mass (a column of -inf) is exactly 0 (0 log 0 = 0); D is stor
 a reverse-KL row of D = +inf (student mass where the teacher has none) gets a NaN gradient, an ignored row
 (weight 0) a zero one. HARD: with target y >= 0, loss = (1 - a) D + a CE, CE = lse(u_s) - u_{s,y}, and
 dloss/dz_s = (1 - a) dD/dz_s + a T (softmax(u_s) - 1[j = y]).
-`loss [n]` gets the per-row loss; with GRAD, `s` is overwritten with d(raw) = w_row dloss/d(raw) (fp32),
+`loss [n]` gets the per-row loss; with ENTROPY, `ent [n]` the student's entropy H = log σ - τ / σ relative
+to the running maximum m (σ = Σ e^{z_s - m} = 1 + tail, the maximum's own 1 kept apart and log σ taken as
+log1p(tail); τ = Σ e^{z_s - m} (z_s - m)), so a confident row's small H keeps a small relative error.
+With GRAD, `s` is overwritten with d(raw) = w_row dloss/d(raw) (fp32),
 d(raw) = dloss/dz_s / T · SCALE (1 - tanh^2) (the tanh factor only with a softcap).
 Forward and reverse KL take two sweeps of the row (statistics with the weighted gap folded in online relative
 to the running maxima, D = gap / σ - log σ + log σ' with σ the sums of e^{z - max}, then the gradient); JSD
@@ -26,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._device import on_device_of
-from ._logit_math import tanh_
+from ._logit_math import log1p_, tanh_
 
 BLOCK_V, NUM_WARPS = 2048, 8
 
@@ -74,6 +77,23 @@ def _delta(m_old, m_new):
 
 
 @triton.jit
+def _entropy_sums(tail, tau, m_old, m_new, x, e, block_max):
+    """The entropy's online sums after one block (x = z - m_new, e = e^x): the tail Σ e^x over every column
+    but one at the maximum, kept apart from that column's e^0 = 1 so no rounding at 1 hides it, and
+    τ = Σ e^x x; when the maximum moves, the old maximum's 1 joins the tail and both rescale by e^{m_old - m_new}
+    (τ's terms also shift by m_old - m_new)."""
+    alpha = _rescale(m_old, m_new)
+    sigma_old = tl.where(m_old != float("-inf"), 1.0 + tail, 0.0)
+    tau = tl.where(m_old != float("-inf"), (tau + sigma_old * (m_old - m_new)) * alpha, 0.0)
+    tau += tl.sum(tl.where(e > 0, e * x, 0.0), 0)
+    moved = block_max > m_old
+    first_max = tl.arange(0, x.shape[0]) == tl.argmax(x, 0)
+    block_tail = tl.sum(tl.where(first_max, tl.where(moved, 0.0, e), e), 0)
+    tail = tl.where(moved, sigma_old * alpha + block_tail, tail + block_tail)
+    return tail, tau
+
+
+@triton.jit
 def _shift(m):
     """A running maximum as a shift: -inf (no finite logit yet) becomes 0, so -inf - shift stays -inf."""
     return tl.where(m == float("-inf"), 0.0, m)
@@ -81,11 +101,11 @@ def _shift(m):
 
 @triton.jit
 def divergence_rows_kernel(
-    s_ptr, t_ptr, bs_ptr, bt_ptr, tgt_ptr, w_ptr, inv_t_ptr, loss_ptr,
+    s_ptr, t_ptr, bs_ptr, bt_ptr, tgt_ptr, w_ptr, inv_t_ptr, loss_ptr, ent_ptr,
     n_cols, stride_s, stride_t, beta, hard,
     KIND: tl.constexpr, HAS_BS: tl.constexpr, HAS_BT: tl.constexpr, HARD: tl.constexpr, GRAD: tl.constexpr,
     T_LOGITS: tl.constexpr, SCALE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SOFTCAP: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    ENTROPY: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     s_row = s_ptr + row * stride_s
@@ -100,6 +120,8 @@ def divergence_rows_kernel(
     m_1 = float("-inf")
     sum_1 = 0.0
     u_y = 0.0
+    tail_s = 0.0  # ENTROPY: Σ e^{x_s} over every column but one at the running maximum
+    tau_s = 0.0  # ENTROPY: Σ e^{x_s} x_s
     for v0 in range(0, n_cols, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
         ok = cols < n_cols
@@ -117,6 +139,8 @@ def divergence_rows_kernel(
         if KIND == 1:
             moved = tl.where(sum_s > 0, sum_s * (_delta(m_t, mt_new) - _delta(m_s, ms_new)), 0.0)
             gap = (gap + moved) * _rescale(m_s, ms_new) + tl.sum(tl.where(es > 0, es * (xs - xt), 0.0), 0)
+        if ENTROPY:
+            tail_s, tau_s = _entropy_sums(tail_s, tau_s, m_s, ms_new, xs, es, tl.max(zs, 0))
         sum_s = sum_s * _rescale(m_s, ms_new) + tl.sum(es, 0)
         sum_t = sum_t * _rescale(m_t, mt_new) + tl.sum(et, 0)
         m_s = ms_new
@@ -156,6 +180,9 @@ def divergence_rows_kernel(
         ce = tl.where(tgt >= 0, lse_1 - u_y, 0.0)
         loss = (1.0 - hard) * loss + hard * ce
     tl.store(loss_ptr + row, loss)
+    if ENTROPY:  # H = log σ - τ / σ, σ = 1 + tail (log1p keeps the small H of a confident row)
+        h = log1p_(tail_s) - tau_s / (1.0 + tail_s)
+        tl.store(ent_ptr + row, tl.where(h < 0.0, 0.0, h))
     if GRAD:
         w = tl.load(w_ptr + row)
         row_factor = w * inv_t * SCALE
@@ -187,17 +214,21 @@ def divergence_rows_kernel(
 
 
 def launch_divergence_rows(s, t, bs, bt, tgt, w, inv_t, loss, beta: float, hard: float, kind: int, grad: bool,
-                           t_logits: bool = True, scale: float = 1.0, softcap: float | None = None) -> None:
+                           t_logits: bool = True, scale: float = 1.0, softcap: float | None = None,
+                           entropy=None) -> None:
     """Run the kernel over the n rows of `s` / `t` (module docstring); `tgt` int32 [n] (-1: no target), `w`
-    fp32 [n] (read only with grad), `inv_t` fp32 [n], `loss` fp32 [n] (written)."""
+    fp32 [n] (read only with grad), `inv_t` fp32 [n], `loss` fp32 [n] (written), `entropy` fp32 [n] or None
+    (written: the student's entropy)."""
     n, c = s.shape
     if n == 0:
         return
     with on_device_of(s):
         divergence_rows_kernel[(n,)](
             s, t, s if bs is None else bs, t if bt is None else bt, tgt, w, inv_t, loss,
+            loss if entropy is None else entropy,
             c, s.stride(0), t.stride(0), float(beta), float(hard),
             KIND=kind, HAS_BS=bs is not None, HAS_BT=bt is not None, HARD=hard > 0.0, GRAD=grad,
             T_LOGITS=t_logits, SCALE=float(scale), HAS_SOFTCAP=softcap is not None,
-            SOFTCAP=1.0 if softcap is None else float(softcap), BLOCK_V=BLOCK_V, num_warps=NUM_WARPS,
+            SOFTCAP=1.0 if softcap is None else float(softcap), ENTROPY=entropy is not None, BLOCK_V=BLOCK_V,
+            num_warps=NUM_WARPS,
         )

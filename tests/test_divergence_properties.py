@@ -1,7 +1,7 @@
 """Property test of linear_divergence against an independent float64 computation (the reference twin on
 float64 copies of the very inputs): random shapes (N, D, V down to 1), fp32 / fp64, a common logit offset up
 to 1e3, scalar or per-token temperatures, softcaps, logit scales, columns masked by -inf in both heads, ignored
-rows, hard-label mixing, every kind. The loss and the student's gradients must agree to rounding of the
+rows, hard-label mixing, every kind. The loss, the student's entropy and gradients must agree to rounding of the
 logits' size (fp32: a few steps of max |z|; fp64: 1e-9). `check_case` is shared with the Triton interpreter
 variant (tests/interpret/test_divergence_rows_properties.py)."""
 
@@ -34,6 +34,7 @@ def cases(draw, max_v: int = 40, dtypes=(torch.float32, torch.float64)):
         masked=masked,
         ignored=draw(st.lists(st.integers(0, n - 1), max_size=n, unique=True)),
         hard_weight=draw(st.sampled_from([0.0, 0.0, 0.3])),
+        entropy=draw(st.booleans()),
     )
 
 
@@ -59,12 +60,15 @@ def check_case(c: dict, backend: str, device: str = "cpu") -> None:
     kw = dict(kind=c["kind"], beta=c["beta"], softcap=c["softcap"], logit_scale=c["logit_scale"],
               hard_weight=c["hard_weight"], reduction="none")
     ref_leaves = [x.detach().double().requires_grad_(True) for x in leaves]
-    ref = R.linear_divergence(ref_leaves[0], ref_leaves[1], inputs[0].double(), inputs[1].double(), tgt,
-                              b_student=inputs[2].double(), b_teacher=inputs[3].double(), temperature=temp, **kw)
+    ref, ref_h = R.linear_divergence(ref_leaves[0], ref_leaves[1], inputs[0].double(), inputs[1].double(), tgt,
+                                     b_student=inputs[2].double(), b_teacher=inputs[3].double(), temperature=temp,
+                                     return_entropy=True, **kw)
     dev = [x.detach().to(device).requires_grad_(True) for x in leaves]
     out = linear_divergence(dev[0], dev[1], inputs[0].to(device), inputs[1].to(device), tgt.to(device),
                             b_student=inputs[2].to(device), b_teacher=inputs[3].to(device), backend=backend,
-                            temperature=temp.to(dtype).to(device) if isinstance(temp, torch.Tensor) else temp, **kw)
+                            temperature=temp.to(dtype).to(device) if isinstance(temp, torch.Tensor) else temp,
+                            return_entropy=c["entropy"], **kw)
+    out, ent = out if c["entropy"] else (out, None)
     assert out.dtype == dtype
     # rounding of the logits' size: |z| <= (|h W^T| + |b|) scale / T (or the softcap / T)
     t_min = float(temp.min()) if isinstance(temp, torch.Tensor) else temp
@@ -75,6 +79,8 @@ def check_case(c: dict, backend: str, device: str = "cpu") -> None:
     finite = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(out.cpu()), finite), (out, ref)
     assert (out.cpu()[~finite] == ref[~finite]).all()  # +inf where the math is
+    if ent is not None:
+        assert ent.dtype == dtype and (ent.cpu().double() - ref_h).abs().max() <= eps * (1 + float(ref_h.abs().max()))
     if not finite.all():
         return
     assert (out.cpu().double() - ref).abs().max() <= eps * (1 + float(ref.abs().max()))

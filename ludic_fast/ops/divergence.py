@@ -31,7 +31,7 @@ Backends: 'torch' (any device: the chunk's math as in-place torch ops, `ludic_fa
 'triton' (CUDA, or CPU under TRITON_INTERPRET=1): cuBLAS GEMMs write the student's raw-logits chunk (and a teacher
 head's), one Triton row kernel (`ludic_fast.kernels.divergence_rows`) forms the loss and writes d(raw) over the
 student's chunk in two or three sweeps, cuBLAS forms dh and dW. The kernel covers every option but the
-top-k 'bucket' tail and the entropy: 'auto' runs those on the torch backend, 'triton' refuses them.
+top-k 'bucket' tail: 'auto' runs that on the torch backend, 'triton' refuses it.
 """
 
 from __future__ import annotations
@@ -109,9 +109,9 @@ def _weights(valid: Tensor, reduction: str) -> Tensor:
 
 
 def _triton_chunk(spec: _Spec, h_c: Tensor, Ws: Tensor, bs: Tensor | None, teacher: Teacher, rows: slice,
-                  tgt: Tensor | None, token_w: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """(per-token loss, d(raw) = token_w dloss/d(raw) or None) of one chunk: the Triton row kernel over the
-    fp32 GEMM workspace of the student (overwritten with d(raw)) and the teacher's fp32 chunk."""
+                  tgt: Tensor | None, token_w: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """(per-token loss, d(raw) = token_w dloss/d(raw) or None, entropy or None) of one chunk: the Triton row
+    kernel over the fp32 GEMM workspace of the student (overwritten with d(raw)) and the teacher's fp32 chunk."""
     from ludic_fast.kernels.divergence_rows import launch_divergence_rows
 
     n = h_c.shape[0]
@@ -122,11 +122,12 @@ def _triton_chunk(spec: _Spec, h_c: Tensor, Ws: Tensor, bs: Tensor | None, teach
     w = torch.zeros(n, dtype=torch.float32, device=dev) if token_w is None else token_w.float().contiguous()
     inv_t = spec.transform.inv_temperature[rows].float().contiguous()
     loss = torch.empty(n, dtype=torch.float32, device=dev)
+    ent = torch.empty(n, dtype=torch.float32, device=dev) if spec.entropy else None
     hard = spec.hard_weight if tgt is not None else 0.0
     launch_divergence_rows(zs, zt, None if bs is None else bs.float().contiguous(), bt, t32, w, inv_t, loss,
                            spec.beta, hard, KINDS.index(spec.kind), token_w is not None, t_logits,
-                           spec.transform.logit_scale, spec.transform.softcap)
-    return loss, zs if token_w is not None else None
+                           spec.transform.logit_scale, spec.transform.softcap, ent)
+    return loss, (zs if token_w is not None else None), ent
 
 
 def _weighted_(spec: _Spec, d_raw: Tensor, w: Tensor) -> Tensor:
@@ -162,16 +163,16 @@ def _sweep(spec: _Spec, hs, Ws, bs, teacher: Teacher, tgt, token_w, grads) -> tu
         h_c = hs[rows]
         t_c = None if tgt is None else tgt[rows]
         if spec.backend == "triton" and acc == torch.float32:  # the kernel writes d(raw) = w dloss/dz_s / T
-            loss, d_raw = _triton_chunk(spec, h_c, Ws, bs, teacher, rows, t_c,
-                                        None if grads is None else token_w[rows])
+            loss, d_raw, ent = _triton_chunk(spec, h_c, Ws, bs, teacher, rows, t_c,
+                                             None if grads is None else token_w[rows])
         else:
             zs = spec.transform.apply_(raw_logits(h_c, Ws, bs, acc), rows)
             factor = None if grads is None else spec.transform.chain_factor(zs, rows)
             loss, dz, ent = _chunk(spec, zs, teacher, rows, t_c, grads is not None)
-            if ent is not None:
-                ents[rows] = ent
             d_raw = None if dz is None else _weighted_(spec, spec.transform.backprop_(dz, factor, rows), token_w[rows])
         losses[rows] = loss
+        if ent is not None:
+            ents[rows] = ent
         if grads is None:
             continue
         dh, dW, db = grads
@@ -329,11 +330,9 @@ def _topk_teacher(teacher_topk, tail: str, lead: torch.Size, V: int, temperature
     return TopKTeacher(idx, lp.detach().reshape(-1, lp.shape[-1]), V, tail == "bucket")
 
 
-def _kernel_gap(spec: _Spec, teacher: Teacher) -> str | None:
+def _kernel_gap(teacher: Teacher) -> str | None:
     """What the Triton row kernel cannot do in this call, or None."""
-    if isinstance(teacher, TopKTeacher) and teacher.bucket:
-        return "teacher_tail='bucket'"
-    return "return_entropy" if spec.entropy else None
+    return "teacher_tail='bucket'" if isinstance(teacher, TopKTeacher) and teacher.bucket else None
 
 
 @autocast_as_matmul("h_student", "W_student", "h_teacher", "W_teacher", "b_student", "b_teacher")  # ludic_fast.ops
@@ -423,7 +422,7 @@ def linear_divergence(
     spec = _Spec(kind, beta, transform, hard_weight, max(1, budget // row_bytes), "torch", return_entropy)
     resolved = resolve_backend(backend, h_student.device)
     if resolved == "triton":
-        gap = _kernel_gap(spec, teacher)
+        gap = _kernel_gap(teacher)
         if gap is not None and backend == "triton":
             raise ValueError(f"backend='triton': the divergence kernel does not support {gap} yet; use "
                              "backend='torch' (or 'auto', which does)")
