@@ -33,16 +33,15 @@ from typing import Any
 import torch
 
 from ludic_fast.checkpoint import CheckpointManager
-from ludic_fast.cli_validation import UsageError, check_args, check_device, check_output_dir
+from ludic_fast.cli_validation import UsageError, as_flags, check_args, check_device, check_output_dir
+from ludic_fast.engine.config import TrainerConfig
+from ludic_fast.engine.guard import NonFiniteError
 from ludic_fast.engine.stop import StopOnSignal
-from ludic_fast.loggers import JSONLLogger, TeeLogger, keep_jsonl_records, plot_curves, read_jsonl
-from ludic_fast.offline_trainer import (
-    DistillObjective,
-    OfflineConfig,
-    OfflineTrainer,
-    PreferenceObjective,
-    RewardObjective,
-)
+from ludic_fast.engine.trainer import Trainer
+from ludic_fast.loggers import JSONLLogger, TeeLogger, WandbLogger, keep_jsonl_records, plot_curves, read_jsonl
+from ludic_fast.objectives.distill import DistillObjective
+from ludic_fast.objectives.preference import PreferenceObjective
+from ludic_fast.objectives.reward import RewardObjective
 from ludic_fast.ops import linear_cross_entropy
 from ludic_fast.preference import DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss
 from ludic_fast.preference_data import embedded_rows, encode_rows, read_rows
@@ -136,9 +135,11 @@ def _check(args: argparse.Namespace, command: str) -> None:
         raise UsageError("--distill-beta must lie in (0, 1) for --distill-kind jsd")
     check_device(args.device)
     apply_recipe(args)  # resolves --attn and --dtype
-    if args.dtype == "fp16":
-        raise UsageError("--dtype fp16: the offline presets run fp32 or bf16 (fp16 would need a gradient scaler)")
     check_args(args)
+    try:  # the engine's own cross-field checks, before anything runs
+        engine_config(args, 0)
+    except ValueError as exc:
+        raise UsageError(as_flags(str(exc), args)) from None
 
 
 def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = None) -> int:
@@ -171,28 +172,33 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
     torch.manual_seed(args.seed)
     model, tok = train_cli.build_model_and_tokenizer(args, tok)
     model.to(args.device)
-    objective = _objective(args, model, tok, examples)
-    cfg = OfflineConfig(steps=args.offline_steps, batch_size=args.pref_batch_size,
-                        micro_batch_size=args.pref_batch_size, lr=args.lr, weight_decay=args.weight_decay,
-                        max_grad_norm=args.max_grad_norm, max_length=args.max_seq_len,
-                        pad_token_id=tok.pad_token_id, seed=args.seed, device=args.device,
-                        memory_budget=args.memory_budget, layout=args.layout,
-                        mixed_precision="bf16" if args.dtype == "bf16" else None)
+    objective = _objective(args, model, tok, examples).use_examples(examples, batch_size=args.pref_batch_size,
+                                                                    seed=args.seed)
     print(f"ludic-fast {command}: {args.offline_steps} steps of {args.preset} on {len(examples)} "
           f"{UNIT[FORMAT[args.preset]]} ({args.pref_data or 'embedded'}); output {out}", flush=True)
     console = train_cli.build_console_logger(args.logger)
-    logger = TeeLogger(JSONLLogger(metrics, extra={"phase": args.preset}), console)
+    wandb = WandbLogger(config=vars(args)) if args.wandb else None
+    logger = TeeLogger(JSONLLogger(metrics, extra={"phase": args.preset}), console, wandb)
+    error = None
     try:
-        trainer = OfflineTrainer(model, objective, examples, cfg, logger, checkpoint_config=ckpt,
-                                 resume_from="latest" if resume else None)
+        trainer = Trainer(model=model, objective=objective, cfg=engine_config(args, tok), checkpoint_config=ckpt,
+                          resume_from="latest" if resume else None, train_logger=logger,
+                          lora_config=train_cli._lora_config(args))
+        print(f"{args.preset}: {trainer.memory_estimate.format()}", flush=True)
         if resume:
             print(f"ludic-fast {command}: resumed at step {trainer.step_idx}", flush=True)
-        trainer.train(stop=stop)
+        trainer.train_sync(max(0, args.offline_steps - trainer.step_idx), stop=stop)
+    except NonFiniteError as exc:
+        error = exc
     finally:
-        if console is not None and hasattr(console, "close"):
-            console.close()
-    records = read_jsonl(metrics)
-    save_trained(out / "model", model, tok, objective)
+        for lg in (console, wandb):
+            if lg is not None and hasattr(lg, "close"):
+                lg.close()
+    records = read_jsonl(metrics) if metrics.exists() else []
+    if error is not None:
+        print(f"ludic-fast {command}: error: {error} (kept: {metrics}, earlier checkpoints)", file=sys.stderr)
+        return 1
+    save_trained(out / "model", trainer.model, tok, objective)
     summary = summarize(records, METRIC[args.preset])
     summary.update(wall_time_s=time.perf_counter() - t0, skipped_steps=trainer.skipped_steps)
     if not args.no_plot and importlib.util.find_spec("matplotlib") is not None:
@@ -210,8 +216,16 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
     return 0
 
 
+def engine_config(args: argparse.Namespace, tok: Any) -> TrainerConfig:
+    """The engine's settings of the trainer flags for an offline preset (`--offline-steps` optimizer steps)."""
+    from ludic_fast import train_cli
+
+    return train_cli.trainer_config(args, tok, lr=args.lr, steps=args.offline_steps, sync=0)
+
+
 def save_trained(path: Path, model: torch.nn.Module, tok: Any, objective: Any) -> None:
-    """The trained model and tokenizer (`save_pretrained`, safetensors); for reward also the value head
+    """The trained model and tokenizer (`save_pretrained`, safetensors; under LoRA the adapter alone,
+    adapter_model.safetensors + adapter_config.json); for reward also the value head
     (`value_head.safetensors`: weight [1, D], bias [1])."""
     from safetensors.torch import save_file
 

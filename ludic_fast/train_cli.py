@@ -65,6 +65,7 @@ from ludic_fast.offline_cli import OFFLINE_PRESETS
 from ludic_fast.offline_cli import add_arguments as add_offline_arguments
 from ludic_fast.offline_cli import main as offline_main
 from ludic_fast.ops.budget import parse_memory_budget
+from ludic_fast.preset_flags import check_flag_scope
 from ludic_fast.rollout import (
     Evaluator,
     HFGenerateEngine,
@@ -153,10 +154,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--max-rounds", type=int, default=4)
     g.add_argument("--tie-jitter", type=float, default=0.0)
     g.add_argument(
-        "--engine", default="hf", choices=["hf", "vllm"], help="rollouts: transformers generate, or vLLM ([vllm] extra)"
+        "--engine", default="hf", choices=["hf", "vllm", "vllm-server"],
+        help="rollouts: transformers generate, vLLM in this process, or vLLM's OpenAI server ([vllm] extra)",
     )
+    g.add_argument("--vllm-url", default=None,
+                   help="--engine vllm-server: the URL of a running server (default: the run starts one)")
     g.add_argument("--vllm-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
-                   help="a vllm.LLM engine argument for --engine vllm (repeatable), e.g. max_num_batched_tokens=4096")
+                   help="a vLLM engine argument (repeatable), e.g. max_num_batched_tokens=4096")
     g = p.add_argument_group("trainer")
     g.add_argument("--lr", type=float, default=None, help=profile_default_help("lr"))
     g.add_argument("--weight-decay", type=float, default=0.0)
@@ -260,14 +264,24 @@ def describe_eval(args: argparse.Namespace, task: PromptAnswerTask) -> str:
 
 
 def build_engine(args: argparse.Namespace, model: torch.nn.Module, tok: Any) -> Any:
-    """The rollout engine of --engine: transformers `generate` on the trainer's model, or vLLM serving --model
-    (the embedded model: a copy saved under --output-dir) in --dtype with the --vllm-arg engine arguments."""
+    """The rollout engine of --engine: transformers `generate` on the trainer's model, or vLLM (in this process,
+    or its server: started here, or --vllm-url's) serving --model (the embedded model: a copy saved under
+    --output-dir) in --dtype with the --vllm-arg engine arguments."""
     if args.engine == "vllm":
         from ludic_fast.rollout.vllm_engine import VLLMEngine
 
         kwargs = {"dtype": VLLM_DTYPES[args.dtype], **({"tokenizer": args.tokenizer} if args.tokenizer else {})}
         return VLLMEngine(vllm_model_dir(args, tok), eos_token_id=tok.eos_token_id, seed=args.seed,
                           **{**kwargs, **dict(args.vllm_arg)})
+    if args.engine == "vllm-server":
+        from ludic_fast.rollout.vllm_server import server_engine
+
+        engine_args = None if args.vllm_url else {  # a server given by URL runs with its own
+            "dtype": VLLM_DTYPES[args.dtype], **({"tokenizer": args.tokenizer} if args.tokenizer else {}),
+            **dict(args.vllm_arg),
+        }
+        return server_engine(vllm_model_dir(args, tok), url=args.vllm_url, eos_token_id=tok.eos_token_id,
+                             seed=args.seed, engine_args=engine_args)
     return HFGenerateEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
 
 
@@ -608,7 +622,13 @@ def main(argv: list[str]) -> int:
     if command not in ("train", "demo"):
         raise ValueError(f"argv[0] must be 'train' or 'demo', got {command!r}")
     t0 = time.perf_counter()
-    args = build_parser(f"ludic-fast {command}").parse_args(rest)
+    parser = build_parser(f"ludic-fast {command}")
+    args = parser.parse_args(rest)
+    try:
+        check_flag_scope(parser, args, OFFLINE_PRESETS)
+    except UsageError as exc:
+        print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)
+        return 2
     with StopOnSignal() as stop:
         if args.preset in OFFLINE_PRESETS:  # preference, reward-model and distillation presets: no rollouts
             return offline_main(args, command, stop)

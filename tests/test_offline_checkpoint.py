@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -116,49 +115,33 @@ def test_resume_needs_a_checkpoint_config():
         OfflineTrainer(_tiny(tok), PreferenceObjective(SimPOLoss()), examples, OfflineConfig(), resume_from="latest")
 
 
-@dataclass
-class _NaNAt:
+class _NaNAt(PreferenceObjective):
     """A SimPO objective whose loss is NaN at the given (1-based) steps."""
 
-    inner: PreferenceObjective
-    bad_steps: tuple[int, ...]
-    calls: int = 0
+    def __init__(self, bad_steps: tuple[int, ...]):
+        super().__init__(SimPOLoss())
+        self.bad_steps, self.calls = bad_steps, 0
 
-    def parameters(self):
-        return []
-
-    def prepare(self, model, examples):
-        return examples
-
-    def collate(self, examples, cfg):
-        return self.inner.collate(examples, cfg)
-
-    def loss(self, model, batch, cfg):
+    def loss(self, engine, batch):
         self.calls += 1
-        loss, stats = self.inner.loss(model, batch, cfg)
+        loss, stats = super().loss(engine, batch)
         return (loss * float("nan") if self.calls in self.bad_steps else loss), stats
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
 
 
 def test_non_finite_loss_skips_the_step():
     tok = build_char_tokenizer()
     model = _tiny(tok)
     examples = encode_rows(embedded_rows("pairs", 4), "pairs", tok, chat_template=False)
-    trainer = OfflineTrainer(model, _NaNAt(PreferenceObjective(SimPOLoss()), (2,)), examples,
+    trainer = OfflineTrainer(model, _NaNAt((2,)), examples,
                              OfflineConfig(steps=3, batch_size=4, micro_batch_size=4, lr=1e-2))
     first = trainer.step()
     weights = [p.detach().clone() for p in model.parameters()]
-    moments = {k: {n: v.clone() for n, v in s.items()} for k, s in trainer.opt.state.items()}
+    moments = {k: {n: v.clone() for n, v in s.items()} for k, s in trainer.optimizer.state.items()}
     skipped = trainer.step()
     assert first["train/step_skipped"] == 0.0 and skipped["train/step_skipped"] == 1.0
     assert trainer.skipped_steps == 1 and trainer.step_idx == 2
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
-    for k, s in trainer.opt.state.items():
+    for k, s in trainer.optimizer.state.items():
         assert all(torch.equal(v, moments[k][n]) for n, v in s.items())
     assert all(p.grad is None for p in model.parameters())  # the NaN gradient is not carried over
     third = trainer.step()

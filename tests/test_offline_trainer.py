@@ -18,8 +18,9 @@ from ludic_fast.train_cli import main
 
 def _run(tmp_path, preset, *extra):
     out = tmp_path / preset
+    teacher = ["--teacher-steps", "2"] if preset == "distill" else []
     rc = main(["train", "--preset", preset, "--offline-steps", "4", "--pref-batch-size", "4", "--logger", "none",
-               "--no-plot", "--device", "cpu", "--teacher-steps", "2", "--output-dir", str(out), *extra])
+               "--no-plot", "--device", "cpu", *teacher, "--output-dir", str(out), *extra])
     assert rc == 0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 4 and all(r["phase"] == preset for r in records)
@@ -67,71 +68,71 @@ def test_reference_sums_are_computed_once_per_pair():
     model = build_tiny_model(len(tok), seed=0)
     ref = build_tiny_model(len(tok), seed=1).requires_grad_(False)
     examples = encode_rows(embedded_rows("pairs", 4), "pairs", tok, chat_template=False)
-    objective, cfg = PreferenceObjective(DPOLoss(), ref), OfflineConfig()
+    objective = PreferenceObjective(DPOLoss(), ref)
+    engine = OfflineTrainer(model, objective, examples, OfflineConfig())
     calls = []
     ref.model.register_forward_hook(lambda *_: calls.append(1))
-    first = objective.collate(examples[:3], cfg)
-    again = objective.collate(examples[1:], cfg)  # examples 1, 2 cached: only example 3 is scored
+    first = objective.collate(examples[:3], engine)
+    again = objective.collate(examples[1:], engine)  # examples 1, 2 cached: only example 3 is scored
     assert len(calls) == 2
     whole = collate_pairs(examples[1:])
     want = (reference_logps(ref, whole) * whole["action_mask"]).sum(1)
     assert torch.allclose(again["ref_seq_logps"], want, atol=1e-5)
     assert torch.equal(first["ref_seq_logps"][2:], again["ref_seq_logps"][:4])  # pairs 1 and 2, reused
-    loss, _ = objective.loss(model, again, cfg)
+    loss, _ = engine.micro_loss(again)
     assert torch.isfinite(loss)
 
 
-@pytest.mark.parametrize("trainer_moves", [False, True], ids=["sdpa-mask", "sdpa-varlen"])
-@pytest.mark.parametrize("kind", ["dpo", "kto", "reward", "distill"])
-def test_packed_layout_gives_the_padded_loss(kind, trainer_moves):
-    """Packed == padded loss on the dense-mask path, and on per-sequence SDPA where an OfflineTrainer with the
-    packed layout moves the sdpa model (the reference / teacher model, not moved, keeps the mask path)."""
-    from ludic_fast.integrations.packing import attention_implementation
-    from ludic_fast.integrations.sdpa_varlen import SDPA_VARLEN
+def _objective(kind, other):
     from ludic_fast.offline_trainer import DistillObjective, RewardObjective
     from ludic_fast.preference import KTOLoss
 
+    return {"dpo": lambda: PreferenceObjective(DPOLoss(), other),
+            "kto": lambda: PreferenceObjective(KTOLoss(), other),
+            "simpo": lambda: PreferenceObjective(SimPOLoss(), None),
+            "reward": lambda: RewardObjective(torch.nn.Linear(128, 1)),
+            "distill": lambda: DistillObjective(other, kind="jsd")}[kind]()
+
+
+FORMATS = {"dpo": "pairs", "kto": "kto", "simpo": "pairs", "reward": "pairs", "distill": "completions"}
+
+
+def _loss_and_grad(kind, **cfg):
+    """The loss of 6 examples in one micro-batch and its gradient to the LM head, on a fresh engine."""
     tok = build_char_tokenizer()
     model = build_tiny_model(len(tok), seed=0, attn_implementation="sdpa")
     other = build_tiny_model(len(tok), seed=1, attn_implementation="sdpa").requires_grad_(False)
-    fmt = {"dpo": "pairs", "kto": "kto", "reward": "pairs", "distill": "completions"}[kind]
-    examples = encode_rows(embedded_rows(fmt, 6), fmt, tok, chat_template=False)
-    objective = {"dpo": lambda: PreferenceObjective(DPOLoss(), other),
-                 "kto": lambda: PreferenceObjective(KTOLoss(), other),
-                 "reward": lambda: RewardObjective(torch.nn.Linear(128, 1)),
-                 "distill": lambda: DistillObjective(other, kind="jsd")}[kind]()
-    if trainer_moves:
-        OfflineTrainer(model, objective, examples, OfflineConfig(layout="packed"))
-    assert attention_implementation(model) == (SDPA_VARLEN if trainer_moves else "sdpa")
-    losses = []
-    for layout in ("padded", "packed"):
-        cfg = OfflineConfig(layout=layout)
-        loss, _ = objective.loss(model, objective.collate(examples, cfg), cfg)
-        losses.append(loss)
-    assert torch.allclose(losses[0], losses[1], rtol=1e-4, atol=1e-6), losses
+    examples = encode_rows(embedded_rows(FORMATS[kind], 6), FORMATS[kind], tok, chat_template=False)
+    torch.manual_seed(0)  # the reward model's value head
+    objective = _objective(kind, other)
+    engine = OfflineTrainer(model, objective, examples, OfflineConfig(**cfg))
+    loss, _ = engine.micro_loss(objective.collate(examples, engine))
+    head = engine.model.lm_head.weight if kind != "reward" else objective.value_head.weight
+    return loss.float(), torch.autograd.grad(loss, head)[0], engine
 
 
+@pytest.mark.parametrize("kind", ["dpo", "kto", "reward", "distill"])
+def test_packed_layout_gives_the_padded_loss_and_gradient(kind):
+    """Packed == padded loss and gradient; the packed engine moved the sdpa policy (and the frozen reference /
+    teacher) to per-sequence SDPA, which skips the masked work."""
+    from ludic_fast.integrations.packing import attention_implementation
+    from ludic_fast.integrations.sdpa_varlen import SDPA_VARLEN
+
+    padded, g_padded, _ = _loss_and_grad(kind, layout="padded")
+    packed, g_packed, engine = _loss_and_grad(kind, layout="packed")
+    assert attention_implementation(engine.model) == SDPA_VARLEN
+    assert torch.allclose(padded, packed, rtol=1e-4, atol=1e-6), (padded, packed)
+    assert torch.allclose(g_padded, g_packed, rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
 @pytest.mark.parametrize("kind", ["simpo", "distill"])
-def test_bf16_mixed_precision_close_to_fp32(kind):
-    from ludic_fast.offline_trainer import DistillObjective
-
-    tok = build_char_tokenizer()
-    model = build_tiny_model(len(tok), seed=0)
-    other = build_tiny_model(len(tok), seed=1).requires_grad_(False)
-    fmt = "pairs" if kind == "simpo" else "completions"
-    examples = encode_rows(embedded_rows(fmt, 6), fmt, tok, chat_template=False)
-    objective = PreferenceObjective(SimPOLoss(), None) if kind == "simpo" else DistillObjective(other)
-    losses, grads = [], []
-    for amp in (None, "bf16"):
-        cfg = OfflineConfig(mixed_precision=amp)
-        trainer = OfflineTrainer(model, objective, examples, cfg)
-        with trainer._autocast():
-            loss, _ = objective.loss(model, objective.collate(examples, cfg), cfg)
-        losses.append(loss.float())
-        grads.append(torch.autograd.grad(loss, model.lm_head.weight)[0])
-    assert grads[1].dtype == torch.float32  # fp32 master weights
-    assert torch.allclose(losses[0], losses[1], rtol=3e-2), losses
-    assert float((grads[0] - grads[1]).abs().max() / grads[0].abs().max()) < 0.1
+def test_mixed_precision_close_to_fp32(kind, amp):
+    loss32, g32, _ = _loss_and_grad(kind)
+    loss, g, engine = _loss_and_grad(kind, mixed_precision=amp)
+    assert g.dtype == torch.float32 and (engine.scaler is not None) == (amp == "fp16")  # fp32 master weights
+    assert torch.allclose(loss32, loss, rtol=3e-2), (loss32, loss)
+    assert float((g32 - g).abs().max() / g32.abs().max()) < 0.1
 
 
 def test_validation(tmp_path):
@@ -143,7 +144,7 @@ def test_validation(tmp_path):
     with pytest.raises(ValueError, match="layout"):
         OfflineConfig(layout="ragged")
     with pytest.raises(ValueError, match="mixed_precision"):
-        OfflineConfig(mixed_precision="fp16")
+        OfflineConfig(mixed_precision="fp8")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1=", "completion": "2", "label": "yes"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1: 'label' must be a bool"):

@@ -19,8 +19,8 @@ from ludic_fast.losses import CISPOLoss
 from ludic_fast.trainer import Trainer, TrainerConfig
 from ludic_fast.types import SAWBatch
 
-FAST = ["--sft-steps", "2", "--prompts-per-batch", "4", "--group-size", "4", "--logger", "none", "--threads", "1",
-        "--device", "cpu", "--no-plot"]
+COMMON = ["--logger", "none", "--threads", "1", "--device", "cpu", "--no-plot"]
+FAST = ["--sft-steps", "2", "--prompts-per-batch", "4", "--group-size", "4", *COMMON]
 
 
 def _cfg(**kw) -> TrainerConfig:
@@ -89,7 +89,8 @@ def test_cli_diverged_run_stops_with_one_line_and_keeps_its_files(tmp_path, caps
 
 @pytest.mark.parametrize("preset", ["cispo", "dpo"])
 def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path, capsys, preset):
-    args = ["train", *FAST, "--preset", preset, "--output-dir", str(tmp_path), "--resume"]
+    flags = FAST if preset == "cispo" else COMMON
+    args = ["train", *flags, "--preset", preset, "--output-dir", str(tmp_path), "--resume"]
     assert train_cli.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("ludic-fast train: error: --resume: no checkpoint under")
@@ -103,7 +104,8 @@ def test_output_dir_that_cannot_be_written_is_refused_before_building(tmp_path, 
     monkeypatch.setattr(train_cli, "build_model_and_tokenizer", no_model)
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    args = ["train", *FAST, "--preset", preset, "--output-dir", str(blocker / "run")]
+    flags = FAST if preset == "cispo" else COMMON
+    args = ["train", *flags, "--preset", preset, "--output-dir", str(blocker / "run")]
     assert train_cli.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"ludic-fast train: error: --output-dir {blocker / 'run'}")

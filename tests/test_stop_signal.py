@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-FAST = ["--prompts-per-batch", "4", "--group-size", "4", "--logger", "print", "--threads", "1", "--device", "cpu",
-        "--eval-every", "0", "--checkpoint-every", "1000"]
+FAST = ["--logger", "print", "--threads", "1", "--device", "cpu", "--checkpoint-every", "1000"]
+RL = ["--prompts-per-batch", "4", "--group-size", "4", "--eval-every", "0"]
 
 
 def _start(out: Path, *flags: str) -> subprocess.Popen:
@@ -44,8 +44,8 @@ def _finish(proc: subprocess.Popen) -> tuple[int, str, float]:
 @pytest.mark.parametrize(
     ("phase", "sig", "flags"),
     [
-        ("rl", signal.SIGINT, ["--sft-steps", "1", "--rl-steps", "500"]),
-        ("sft", signal.SIGTERM, ["--sft-steps", "500", "--rl-steps", "2"]),
+        ("rl", signal.SIGINT, [*RL, "--sft-steps", "1", "--rl-steps", "500"]),
+        ("sft", signal.SIGTERM, [*RL, "--sft-steps", "500", "--rl-steps", "2"]),
         ("dpo", signal.SIGINT, ["--preset", "dpo", "--offline-steps", "500", "--pref-batch-size", "4"]),
     ],
 )
@@ -68,7 +68,7 @@ def test_first_signal_stops_after_the_step_with_checkpoint_and_summary(tmp_path,
 
 
 def test_second_sigint_ends_at_once_without_traceback(tmp_path):
-    proc = _start(tmp_path, "--sft-steps", "1", "--rl-steps", "500")
+    proc = _start(tmp_path, *RL, "--sft-steps", "1", "--rl-steps", "500")
     _wait_for_step(proc, "[rl] step=")
     proc.send_signal(signal.SIGINT)
     first = [proc.stderr.readline() for _ in range(2)]  # a blank line, then the acknowledgement

@@ -1,0 +1,428 @@
+"""The one training engine: `Trainer` runs an `Objective` (`engine.objective`, `ludic_fast.objectives`) on a
+model through the fused head.
+
+It owns the model (LoRA, body kernels, gradient checkpointing, packed attention, compile:
+`engine.model_setup`), precision (fp32, or bf16 / fp16 autocast with fp32 master weights, fp16 with a dynamic
+loss scale), AdamW and the LR schedule (`engine.schedule`), the memory estimate, checkpoints with exact resume,
+logging, evaluation, the weight push to a rollout engine, stop-on-signal (`engine.stop`) and the non-finite
+guard (`engine.guard`). One optimizer step (`train_step`), whole:
+
+    batch = await objective.next_batch(self)
+    micros = objective.micro_batches(self, batch)                      # N examples in chunks of n_k
+    for m in micros: (objective.loss(self, m.batch) · n_k / N).backward()   # grad of the step's mean
+    clip the gradient norm (logged before clipping); if the loss or the norm is not finite the step is
+    skipped (weights, optimizer, schedule bit-identical), else AdamW step and schedule step
+    push weights every `sync_every_steps`, checkpoint every `every_n_steps`, log the step's record
+
+DDP / FSDP1 / FSDP2: wrap the model before handing it over; the loss runs inside the model's forward
+(`call_in_forward`), so the wrappers gather and reduce as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ludic_fast.algorithm import RLAlgorithm
+from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager, restore_rng, rng_tensors
+from ludic_fast.distributed.rank0 import Rank0Publisher
+from ludic_fast.distributed.stats import reduce_stats_across_ranks
+from ludic_fast.engine import model_setup
+from ludic_fast.engine.config import MIXED_PRECISION, TrainerConfig
+from ludic_fast.engine.guard import diverged_loss
+from ludic_fast.engine.objective import MicroBatch, Objective
+from ludic_fast.engine.schedule import lr_lambda
+from ludic_fast.engine.stop import StopOnSignal
+from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
+from ludic_fast.memory_estimate import estimate_peak_memory
+from ludic_fast.objectives.rl import RLObjective
+from ludic_fast.stats import Reducer, group_log_stats
+
+
+def is_data_parallel(model: nn.Module) -> bool:
+    """Whether ranks average `model`'s gradients: DDP, FSDP1 or FSDP2 (`fully_shard`)."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(model, (DistributedDataParallel, FullyShardedDataParallel, FSDPModule))
+
+
+class Trainer:
+    """The engine (module docstring) on `objective`, or on `RLObjective(algo, batch_source, ref_model)`.
+
+    publisher: `publish(params: dict[str, Tensor], version: int)` (a rollout engine), required when
+    `sync_every_steps > 0`. evaluator: `evaluate() -> dict[str, float]` (sync or async). lora_config: a
+    `peft.LoraConfig` to wrap the model with. resume_from: a step (int or digit string), a checkpoint path,
+    or "latest".
+    """
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        cfg: TrainerConfig,
+        algo: RLAlgorithm | None = None,
+        batch_source: Any = None,
+        objective: Objective | None = None,
+        publisher: Any = None,
+        param_filter: Callable[[str, Tensor], bool] | None = None,
+        checkpoint_config: CheckpointConfig | None = None,
+        resume_from: int | str | None = None,
+        train_logger: Any = None,
+        reducers: Mapping[str, Reducer] | None = None,
+        evaluator: Any = None,
+        ref_model: nn.Module | None = None,
+        lora_config: Any = None,
+    ):
+        if not isinstance(cfg, TrainerConfig):
+            raise TypeError(f"cfg must be a TrainerConfig, got {type(cfg).__name__}")
+        if objective is None:
+            if algo is None:
+                raise ValueError("pass an objective, or algo and batch_source (RL / SFT)")
+            objective = RLObjective(algo, batch_source, ref_model=ref_model, reducers=reducers)
+        elif algo is not None or batch_source is not None or ref_model is not None or reducers:
+            raise ValueError("algo / batch_source / ref_model / reducers build an RL objective: not with objective=")
+        if cfg.sync_every_steps > 0 and publisher is None:
+            raise ValueError("sync_every_steps > 0 needs a PolicyPublisher (publisher=...); pass sync_every_steps=0")
+        if (cfg.eval_at_start or cfg.eval_every_n_steps) and evaluator is None:
+            raise ValueError("eval_at_start / eval_every_n_steps need an evaluator")
+        if resume_from is not None and checkpoint_config is None:
+            raise ValueError("resume_from needs a checkpoint_config")
+        if (cfg.kl_target is not None or cfg.entropy_floor is not None) and not objective.frozen_models():
+            raise ValueError("kl_target / entropy_floor reset a reference model: pass ref_model")
+        self.cfg = cfg
+        self.objective = objective
+        # under DDP/FSDP2 every rank runs the trainer: gather shards, strip `module.`, publish from rank 0 only
+        wrap = publisher is not None and not isinstance(publisher, Rank0Publisher)
+        self.publisher = Rank0Publisher(publisher) if wrap else publisher
+        self.param_filter = param_filter
+        self.train_logger = train_logger
+        self.evaluator = evaluator
+        self.device = torch.device(cfg.model_device)
+        self.model = model_setup.with_lora(model, lora_config).to(self.device)
+        self.data_parallel = is_data_parallel(self.model)
+        frozen = [m.to(self.device) for m in objective.frozen_models()]
+        for p in objective.parameters():
+            p.data = p.data.to(self.device)
+        self.body_kernels = model_setup.body_kernels(cfg, self.device, [self.model, *frozen])
+        if cfg.gradient_checkpointing:
+            model_setup.enable_gradient_checkpointing(self.model)
+        self.amp_dtype = MIXED_PRECISION[cfg.mixed_precision_dtype]
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp_dtype is torch.float16 else None
+        self.packing = None
+        self._frozen_packing: dict[int, Any] = {}
+        if cfg.layout == "packed":  # before compiling: it may switch the attention implementation, then probes
+            self.packing = model_setup.packed_attention(cfg, self.device, self.amp_dtype, self.model, training=True)
+            for m in frozen:
+                self._frozen_packing[id(m)] = model_setup.packed_attention(
+                    cfg, self.device, self.amp_dtype, m, training=False
+                )
+        model_setup.compile_layers(cfg, [self.model, *frozen])
+        self.params = [p for p in self.model.parameters() if p.requires_grad] + list(objective.parameters())
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas), eps=cfg.eps
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.memory_estimate = estimate_peak_memory(
+            self.model, micro_tokens=cfg.micro_token_budget, compute_dtype=self.amp_dtype,
+            gradient_checkpointing=cfg.gradient_checkpointing, chunk_elements=cfg.chunk_elements,
+            memory_budget=cfg.memory_budget, backend=cfg.backend, device=self.device,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_idx = 0
+        self.skipped_steps = 0
+        self.nonfinite_in_row = 0
+        self.stopped_by: str | None = None
+        self.checkpointer = None if checkpoint_config is None else CheckpointManager(checkpoint_config)
+        if resume_from is not None:
+            self.resume(resume_from)
+
+    # ------------------------------------------------------------------------ the RL objective's parts
+    @property
+    def algo(self) -> RLAlgorithm | None:
+        return getattr(self.objective, "algo", None)
+
+    @property
+    def batch_source(self) -> Any:
+        return getattr(self.objective, "batch_source", None)
+
+    @property
+    def ref_model(self) -> nn.Module | None:
+        return getattr(self.objective, "ref_model", None)
+
+    def reference_logps(self, batch: Mapping[str, Tensor]) -> Tensor:
+        return self.objective.reference_logps(self, batch)
+
+    def reset_reference(self) -> None:
+        self.objective.reset_reference(self)
+
+    # ------------------------------------------------------------------------- forward and the head
+    def _model_inputs(self, batch: Mapping[str, Tensor], model: nn.Module | None = None) -> dict[str, Any]:
+        """Forward kwargs of the policy (or a frozen model): padded ids + mask, or the packed path's inputs."""
+        if "cu_seqlens" not in batch:
+            return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        packing = self.packing if model is None else self._frozen_packing.get(id(model))
+        if packing is None:
+            raise ValueError("a packed batch (cu_seqlens) needs TrainerConfig(layout='packed')")
+        return packing.model_inputs(batch)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _head_inputs(self, head: LMHead, hidden: Tensor, fp32_head: bool) -> tuple[LMHead, Tensor]:
+        """Under mixed precision, the head's weight/bias and the hidden states cast (differentiably) to the
+        autocast dtype, unless the objective asks for an fp32 head."""
+        if self.amp_dtype is None or fp32_head:
+            return head, hidden
+        dt = self.amp_dtype
+        bias = None if head.bias is None else head.bias.to(dt)
+        return dataclasses.replace(head, weight=head.weight.to(dt), bias=bias), hidden.to(dt)
+
+    def head_loss(self, batch: Mapping[str, Tensor], fn: Callable[[LMHead, Tensor], Any], *,
+                  fp32_head: bool = False) -> Any:
+        """fn(head, hidden) on the policy's final hidden states, run inside the model's forward (so DDP / FSDP
+        / PEFT wrappers do their work), head inputs in the compute precision, outside autocast."""
+
+        def head_fn(head: LMHead, hidden: Tensor) -> Any:
+            head, hidden = self._head_inputs(head, hidden, fp32_head)
+            with torch.autocast(self.device.type, enabled=False):
+                return fn(head, hidden)
+
+        def run(lm: nn.Module, **inputs: Tensor) -> Any:
+            return call_head(lm, head_fn, final_hidden_states(lm, **inputs), fp32_head=fp32_head)
+
+        with self._autocast():
+            return call_in_forward(self.model, run, **self._model_inputs(batch))
+
+    def micro_loss(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
+        """(loss, stats) of one collated micro-batch: the objective's loss on the fused head."""
+        return self.objective.loss(self, batch)
+
+    @torch.no_grad()
+    def frozen_head(self, model: nn.Module, batch: Mapping[str, Tensor], fn: Callable[[LMHead, Tensor], Any], *,
+                    fp32_head: bool = False) -> Any:
+        """fn(head, hidden) of a frozen model (reference, teacher), without gradients, as `head_loss`."""
+        with self._autocast():
+            hidden = final_hidden_states(model, **self._model_inputs(batch, model))
+
+        def head_fn(head: LMHead, h: Tensor) -> Any:
+            head, h = self._head_inputs(head, h, fp32_head)
+            return fn(head, h)
+
+        return call_head(model, head_fn, hidden, fp32_head=fp32_head)
+
+    # ------------------------------------------------------------------------------------- one step
+    def accumulate_gradients(self, batch: Any) -> tuple[Tensor, list[dict[str, Any]], list[int], list[Any]]:
+        """The micro-batch loop of a fetched batch: `(loss_k n_k / N).backward()` per micro-batch. Returns
+        (Σ_k loss_k n_k / N detached, the micro-batch stats, their sizes, their aux values). Gradients
+        accumulate in `.grad` (the caller steps and zeroes them)."""
+        micros: list[MicroBatch] = self.objective.micro_batches(self, batch)
+        n_total = sum(m.size for m in micros)
+        total_loss = torch.zeros((), device=self.device)
+        micro_stats = []
+        for m in micros:
+            loss, stats = self.micro_loss(m.batch)
+            scaled = loss * (m.size / n_total)
+            (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
+            total_loss += loss.detach() * (m.size / n_total)
+            micro_stats.append(stats)
+        return total_loss, micro_stats, [m.size for m in micros], [m.aux for m in micros]
+
+    async def train_step(self) -> dict[str, Any]:
+        """One optimizer step (module docstring); returns the grouped stats (or {"train/step"} between logs)."""
+        self.model.train()
+        t0 = time.perf_counter()
+        batch = await self.objective.next_batch(self)
+        t_fetch = time.perf_counter() - t0
+        total_loss, micro_stats, sizes, aux = self.accumulate_gradients(batch)
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        loss_finite = bool(torch.isfinite(total_loss))
+        finite = loss_finite and bool(torch.isfinite(grad_norm))
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+        else:
+            self.skipped_steps += 1
+        self.nonfinite_in_row = 0 if loss_finite else self.nonfinite_in_row + 1
+        if self.scaler is not None:
+            self.scaler.update()  # lowers the scale after an overflow (the step above was skipped)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_idx += 1
+        stats = self.objective.step_stats(self, batch, micro_stats, sizes)
+        self.objective.after_step(self, stats, aux, finite)
+        if self.publisher is not None and self.cfg.sync_every_steps > 0:
+            if self.step_idx % self.cfg.sync_every_steps == 0:
+                self.push_weights()
+        if self.checkpointer is not None and self.checkpointer.cfg.every_n_steps > 0:
+            if self.step_idx % self.checkpointer.cfg.every_n_steps == 0:
+                self.save_checkpoint()
+        grouped = {"train/step": self.step_idx}
+        if self.step_idx % self.cfg.log_every == 0:
+            stats.update(grad_norm=float(grad_norm), train_step=self.step_idx, skipped_steps=float(self.skipped_steps),
+                         step_skipped=0.0 if finite else 1.0, lr=lr)
+            grouped = self._log(stats, t0, t_fetch, batch)
+        if self.nonfinite_in_row >= self.cfg.max_nonfinite_steps:
+            raise diverged_loss(self.step_idx, self.nonfinite_in_row, lr)
+        return grouped
+
+    def _log(self, stats: dict[str, Any], t0: float, t_fetch: float, batch: Any) -> dict[str, Any]:
+        """The step's record with its timings, reduced over ranks when configured, grouped and logged."""
+        elapsed = time.perf_counter() - t0
+        tokens = sum(len(it.input_ids) for it in getattr(batch, "items", ()))
+        stats.update({"perf/step_time_s": elapsed, "perf/batch_time_s": t_fetch})
+        if tokens:
+            stats["perf/tokens_per_s"] = tokens / max(elapsed - t_fetch, 1e-9)
+        if self.cfg.profile_memory and self.device.type == "cuda":
+            stats["gpu_max_mem_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        if self.cfg.reduce_stats_across_ranks:
+            stats = reduce_stats_across_ranks(stats)
+            stats["train_step"] = self.step_idx
+        grouped = group_log_stats(stats)
+        if self.train_logger is not None:
+            with contextlib.suppress(Exception):
+                self.train_logger.log(self.step_idx, grouped)
+        return grouped
+
+    # ----------------------------------------------------------------------------------- publishing
+    @torch.no_grad()
+    def push_weights(self) -> None:
+        """publisher.publish({name: tensor on runtime_device}, version=step_idx); PEFT adapters merged."""
+        peft = callable(getattr(self.model, "merge_adapter", None)) and callable(
+            getattr(self.model, "unmerge_adapter", None)
+        )
+        device = torch.device(self.cfg.runtime_device or self.cfg.model_device)
+        if peft:
+            self.model.merge_adapter()
+        try:
+            params = {
+                name: p.detach().to(device)
+                for name, p in self.model.named_parameters()
+                if (peft or p.requires_grad) and (self.param_filter is None or self.param_filter(name, p))
+            }
+        finally:
+            if peft:
+                self.model.unmerge_adapter()
+        if params:
+            self.publisher.publish(params, version=self.step_idx)
+
+    # ---------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Any:
+        """Write a checkpoint of the current step: model, optimizer, schedule, loss scale, RNGs and the
+        objective's state (`Objective.state`)."""
+        if self.checkpointer is None:
+            raise ValueError("save_checkpoint needs a checkpoint_config")
+        meta, tensors = self.objective.state()
+        meta = {
+            **meta,
+            "skipped_steps": self.skipped_steps,
+            "grad_scaler": None if self.scaler is None else self.scaler.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "python_random": _py_random_state(),
+            "config": {k: v for k, v in asdict(self.cfg).items() if isinstance(v, (int, float, str, bool, type(None)))},
+        }
+        tensors = {**rng_tensors(self.device), **tensors}
+        return self.checkpointer.save(self.model, self.optimizer, step=self.step_idx, metadata=meta, tensors=tensors)
+
+    def resume(self, resume_from: int | str) -> dict[str, Any]:
+        """Load a checkpoint: an int / digit string is a step, an existing path a directory, "latest" the
+        newest. Restores everything `save_checkpoint` wrote; returns its trainer state."""
+        if self.checkpointer is None:
+            raise ValueError("resume needs a checkpoint_config")
+        step, path = None, None
+        if isinstance(resume_from, int) or (isinstance(resume_from, str) and resume_from.isdigit()):
+            step = int(resume_from)
+        elif resume_from != "latest":
+            path = resume_from
+        state = self.checkpointer.load(self.model, self.optimizer, step=step, path=path)
+        self.step_idx = int(state["step"])
+        if "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        if self.scaler is not None and state.get("grad_scaler"):
+            self.scaler.load_state_dict(state["grad_scaler"])
+        if "python_random" in state:
+            random.setstate(_py_random_from_json(state["python_random"]))
+        tensors = state.get("tensors", {})
+        restore_rng(tensors, self.device)
+        self.objective.load_state(state, tensors)
+        return state
+
+    # ----------------------------------------------------------------------------------------- loops
+    async def eval(self) -> dict[str, float]:
+        """Run the evaluator; its metrics become `eval/<k>` plus `eval/step`, logged as a record of their own
+        at the current step (train records carry no eval values)."""
+        result = self.evaluator.evaluate()
+        if inspect.isawaitable(result):
+            result = await result
+        self.model.train()
+        stats = {(k if k.startswith("eval/") else f"eval/{k}"): float(v) for k, v in result.items()}
+        stats["eval/step"] = self.step_idx
+        if self.train_logger is not None:
+            with contextlib.suppress(Exception):
+                self.train_logger.log(self.step_idx, dict(stats))
+        return stats
+
+    async def train(
+        self, num_steps: int, *, log_fn: Callable[[dict], None] | None = None, stop: StopOnSignal | None = None
+    ) -> list[dict[str, Any]]:
+        """`num_steps` train steps (eval at start / every n steps when configured); returns each step's stats.
+        A stop requested through `stop` ends the loop after the current step (and its eval), with a checkpoint
+        of that step when checkpointing is on; `stopped_by` then names the signal."""
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+        history = []
+        if self.cfg.eval_at_start and self.evaluator is not None:
+            await self.eval()
+        for _ in range(num_steps):
+            stats = await self.train_step()
+            history.append(stats)
+            if log_fn is not None:
+                log_fn(stats)
+            if self.cfg.eval_every_n_steps and self.step_idx % self.cfg.eval_every_n_steps == 0:
+                await self.eval()
+            if stop is not None and stop.requested:
+                self._stop(stop)
+                break
+        return history
+
+    def _stop(self, stop: StopOnSignal) -> None:
+        self.stopped_by = stop.signal_name
+        if self.checkpointer is not None and self.checkpointer.latest_step() != self.step_idx:
+            self.save_checkpoint()
+
+    def train_step_sync(self) -> dict[str, Any]:
+        return asyncio.run(self.train_step())
+
+    def train_sync(
+        self, num_steps: int, *, log_fn: Callable[[dict], None] | None = None, stop: StopOnSignal | None = None
+    ) -> list[dict[str, Any]]:
+        return asyncio.run(self.train(num_steps, log_fn=log_fn, stop=stop))
+
+
+def _py_random_state() -> list[Any]:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _py_random_from_json(state: list[Any]) -> tuple[Any, ...]:
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
+
+
+__all__ = ["Trainer", "is_data_parallel"]

@@ -1,0 +1,102 @@
+"""The distillation objective: `linear_divergence(student, teacher)` on the completion tokens of
+prompt/completion examples (`collate_completions`), the teacher's hidden states under no_grad; the two heads
+may differ in hidden size. Off-policy on the dataset, or GKD-style on-policy (Agarwal et al., arXiv
+2306.13649): with probability `on_policy_fraction` λ an example's completion is replaced by a sample of the
+student (the student samples, the teacher scores)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ludic_fast.integrations.transformers import LMHead
+from ludic_fast.objectives.examples import rng_state, set_rng_state
+from ludic_fast.objectives.offline import OfflineObjective
+from ludic_fast.ops.divergence import linear_divergence
+from ludic_fast.pair_batching import collate_completions
+from ludic_fast.token_batch import TokenBatch
+
+
+class DistillObjective(OfflineObjective):
+    """Examples are (prompt ids, completion ids); `kind` forward_kl | reverse_kl | jsd (mixture `beta`),
+    `temperature`, `hard_weight` (the hard-label CE's weight); on-policy samples of up to `max_new_tokens`."""
+
+    name = "distill"
+
+    def __init__(self, teacher: nn.Module, kind: str = "forward_kl", beta: float = 0.5, temperature: float = 1.0,
+                 hard_weight: float = 0.0, on_policy_fraction: float = 0.0, max_new_tokens: int = 4,
+                 eos_token_id: int | None = None, seed: int = 0):
+        if not 0.0 <= on_policy_fraction <= 1.0:
+            raise ValueError(f"on_policy_fraction must lie in [0, 1], got {on_policy_fraction}")
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.kind, self.beta, self.temperature, self.hard_weight = kind, beta, temperature, hard_weight
+        self.on_policy_fraction, self.max_new_tokens = on_policy_fraction, max_new_tokens
+        self.eos_token_id = eos_token_id
+        self._rng = random.Random(seed)
+
+    def frozen_models(self) -> list[nn.Module]:
+        return [self.teacher]
+
+    @torch.no_grad()
+    def prepare(self, engine: Any, examples: list[Any]) -> list[Any]:
+        """Replace completions by the student's samples (eval mode) with probability on_policy_fraction."""
+        model = engine.model
+        out, was_training = [], model.training
+        model.eval()
+        for prompt, completion in examples:
+            if self.on_policy_fraction > 0 and self._rng.random() < self.on_policy_fraction:
+                ids = torch.tensor([prompt], device=engine.device)
+                gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                     max_new_tokens=self.max_new_tokens, eos_token_id=self.eos_token_id,
+                                     pad_token_id=self.eos_token_id)
+                completion = gen[0, len(prompt):].tolist() or completion
+            out.append((prompt, completion))
+        model.train(was_training)
+        return out
+
+    def size(self, batch: dict[str, Tensor], n_examples: int) -> int:
+        """The divergence is a mean over completion tokens: a micro-batch weighs its token count."""
+        return TokenBatch.from_batch(batch).n
+
+    def lengths(self, example: tuple[list[int], list[int]]) -> list[int]:
+        return [len(example[0]) + len(example[1])]
+
+    def collate(self, examples: list[Any], engine: Any) -> dict[str, Tensor]:
+        prompts, completions = zip(*examples)
+        return collate_completions(prompts, completions, layout=engine.cfg.layout, pad_token_id=engine.cfg.pad_token_id,
+                                   max_length=engine.cfg.max_seq_len, device=engine.device)
+
+    def loss(self, engine: Any, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
+        tb = TokenBatch.from_batch(batch)  # the completion tokens' rows and targets (never across a boundary)
+
+        def rows(head: LMHead, hidden: Tensor) -> tuple[LMHead, Tensor]:
+            if head.softcap is not None or head.logit_scale != 1.0:
+                raise ValueError("linear_divergence takes plain linear heads (no logit scale or final softcap)")
+            return head, hidden.reshape(-1, hidden.shape[-1]).index_select(0, tb.rows)
+
+        t_head, ht = engine.frozen_head(self.teacher, batch, rows)
+
+        def loss(head: LMHead, hidden: Tensor) -> tuple[Tensor, dict[str, Any]]:
+            s_head, hs = rows(head, hidden)
+            value = linear_divergence(hs, s_head.weight, ht, t_head.weight, tb.targets, kind=self.kind, beta=self.beta,
+                                      temperature=self.temperature, hard_weight=self.hard_weight,
+                                      b_student=s_head.bias, b_teacher=t_head.bias,
+                                      memory_budget=engine.cfg.memory_budget, backend=engine.cfg.backend)
+            return value, {"loss": value.detach(), "tokens": float(tb.n)}
+
+        return engine.head_loss(batch, loss)
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        meta, tensors = super().state()
+        return {**meta, "rng": rng_state(self._rng)}, tensors
+
+    def load_state(self, meta: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+        super().load_state(meta, tensors)
+        if "rng" in meta:
+            set_rng_state(self._rng, meta["rng"])
+
+
+__all__ = ["DistillObjective"]

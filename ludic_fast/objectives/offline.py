@@ -1,0 +1,117 @@
+"""The part the offline objectives (preference, KTO, reward, distillation) share: a step takes the next
+`batch_size` examples of an `ExampleStream`, splits them in order into micro-batches of at most
+`micro_token_budget` tokens (padded: sequences x the longest; packed: the sum of lengths, each sequence cut
+to `max_seq_len`), collates each in the engine's layout, and records the n_k-weighted mean of each
+micro-batch statistic, so the step's loss and record are those of the mean over its examples (n_k: a
+micro-batch's examples, or its tokens for a token-mean loss, `size`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ludic_fast.engine.objective import MicroBatch
+from ludic_fast.objectives.examples import ExampleStream
+
+
+class OfflineObjective:
+    """Base of the offline objectives: subclasses give `name`, `lengths(example)` (the token counts of its
+    sequences), `collate(examples, engine)` and `loss(engine, batch)`; `frozen_models()` and
+    `parameters()` default to none. `stream` is set by `use_examples` before training."""
+
+    name = "offline"
+    stream: ExampleStream | None = None
+
+    def use_examples(self, examples: Sequence[Any], *, batch_size: int, seed: int = 0) -> OfflineObjective:
+        """Draw each step's `batch_size` examples from `examples` (reshuffled by `seed` when exhausted)."""
+        self.stream = ExampleStream(examples, batch_size=batch_size, seed=seed)
+        return self
+
+    def frozen_models(self) -> list[nn.Module]:
+        return []
+
+    def parameters(self) -> list[nn.Parameter]:
+        return []
+
+    def prepare(self, engine: Any, examples: list[Any]) -> list[Any]:
+        """The step's examples as trained on (on-policy distillation replaces completions)."""
+        del engine
+        return examples
+
+    def lengths(self, example: Any) -> list[int]:
+        raise NotImplementedError
+
+    def collate(self, examples: list[Any], engine: Any) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    async def next_batch(self, engine: Any) -> list[Any]:
+        if self.stream is None:
+            raise ValueError(f"{type(self).__name__}: call use_examples(examples, batch_size=...) first")
+        return self.prepare(engine, self.stream.next())
+
+    def micro_batches(self, engine: Any, examples: list[Any]) -> list[MicroBatch]:
+        chunks = split_by_tokens(examples, [self.lengths(e) for e in examples], engine.cfg.micro_token_budget,
+                                 max_seq_len=engine.cfg.max_seq_len, packed=engine.cfg.layout == "packed")
+        return [MicroBatch(batch, self.size(batch, len(chunk))) for chunk in chunks
+                for batch in (self.collate(chunk, engine),)]
+
+    def size(self, batch: dict[str, Tensor], n_examples: int) -> int:
+        """A micro-batch's weight in the step's mean: its examples (a token-mean loss: its tokens)."""
+        del batch
+        return n_examples
+
+    def step_stats(self, engine: Any, examples: list[Any], micro_stats: Sequence[dict[str, Any]],
+                   sizes: Sequence[int]) -> dict[str, Any]:
+        n = sum(sizes)
+        out: dict[str, float] = {}
+        for stats, size in zip(micro_stats, sizes):
+            for key, value in stats.items():
+                out[key] = out.get(key, 0.0) + float(value) * size / n
+        out["num_examples"] = float(len(examples))
+        return out
+
+    def after_step(self, engine: Any, stats: dict[str, Any], aux: Sequence[Any], finite: bool) -> None:
+        return None
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        meta = {"examples": None if self.stream is None else self.stream.state_dict()}
+        return meta, {f"objective.{i}": p.detach() for i, p in enumerate(self.parameters())}
+
+    def load_state(self, meta: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+        if self.stream is not None and meta.get("examples"):
+            self.stream.load_state_dict(meta["examples"])
+        with torch.no_grad():
+            for i, p in enumerate(self.parameters()):
+                if f"objective.{i}" in tensors:
+                    p.copy_(tensors[f"objective.{i}"])
+
+
+def split_by_tokens(examples: list[Any], lengths: list[list[int]], budget: int, *, max_seq_len: int,
+                    packed: bool) -> list[list[Any]]:
+    """`examples` in order, cut into chunks whose token cost stays within `budget` (module docstring); an
+    example that alone exceeds it is a ValueError naming the budget."""
+    chunks: list[list[Any]] = []
+    chunk: list[Any] = []
+    seqs: list[int] = []
+    for example, lens in zip(examples, lengths):
+        lens = [min(n, max_seq_len) for n in lens]
+        if _cost(lens, packed) > budget:
+            raise ValueError(f"micro_token_budget ({budget}) is below one example's {_cost(lens, packed)} tokens")
+        if chunk and _cost(seqs + lens, packed) > budget:
+            chunks.append(chunk)
+            chunk, seqs = [], []
+        chunk.append(example)
+        seqs += lens
+    chunks.append(chunk)
+    return chunks
+
+
+def _cost(lengths: list[int], packed: bool) -> int:
+    return sum(lengths) if packed else len(lengths) * max(lengths)
+
+
+__all__ = ["OfflineObjective", "split_by_tokens"]

@@ -1,0 +1,102 @@
+"""Preference objectives on the engine: the DPO family, IPO, SimPO, ORPO, CPO (pairs) and KTO (labelled
+completions), any `ludic_fast.preference` loss (`make_preference_loss`).
+
+A micro-batch is `collate_pairs` (sequence 2i chosen, 2i+1 rejected) or `collate_kto` (with in-batch KL
+samples); its loss is `loss_fn(batch, hidden=h, **head)` on the fused head. The reference model (a frozen
+copy of the initial policy, for the losses with `uses_reference`) scores each pair once: its sums over the
+response tokens are cached by example and reach the loss as `batch['ref_seq_logps']`. KTO's KL samples
+depend on the batch's pairing and LD-DPO needs per-token values, so those read `batch['ref_logps']`
+computed for each batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ludic_fast.integrations.transformers import LMHead, final_hidden_states, lm_head
+from ludic_fast.objectives.offline import OfflineObjective
+from ludic_fast.pair_batching import KTOExample, PreferencePair, collate_kto, collate_pairs
+from ludic_fast.preference import KTOLoss
+from ludic_fast.token_batch import TokenBatch
+
+
+def action_logps(head: LMHead, hidden: Tensor, batch: Mapping[str, Tensor], **head_kwargs: Any) -> Tensor:
+    """log p of every action token at its position (shape of input_ids, 0 elsewhere), padded or packed, from
+    the final hidden states through the fused head."""
+    tb = TokenBatch.from_batch(batch)
+    rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, tb.rows)
+    out = head.logprobs(rows, tb.targets, entropy=False, **head_kwargs)
+    ref = torch.zeros(batch["input_ids"].numel(), dtype=torch.float32, device=rows.device)
+    ref[tb.rows + 1] = out.logprobs.float()
+    return ref.reshape(batch["input_ids"].shape)
+
+
+@torch.no_grad()
+def reference_logps(ref_model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+    """`action_logps` of a padded batch under `ref_model` in its own precision, outside any engine."""
+    hidden = final_hidden_states(ref_model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    return action_logps(lm_head(ref_model), hidden, batch)
+
+
+class PreferenceObjective(OfflineObjective):
+    """`loss_fn` (a `ludic_fast.preference` loss) on pairs, or on KTO examples for `KTOLoss`; `ref_model`:
+    a frozen copy of the initial policy, required by the losses with `uses_reference`."""
+
+    def __init__(self, loss_fn: Any, ref_model: nn.Module | None = None):
+        if getattr(loss_fn, "uses_reference", False) and ref_model is None:
+            raise ValueError(f"{type(loss_fn).__name__} needs ref_model (a frozen copy of the initial policy)")
+        self.loss_fn = loss_fn
+        self.name = type(loss_fn).__name__
+        self.ref_model = None if ref_model is None else ref_model.eval().requires_grad_(False)
+        self.kto = isinstance(loss_fn, KTOLoss)
+        self.token_reference = self.kto or bool(getattr(loss_fn, "needs_token_reference", False))
+        self._ref_cache: dict[int, Tensor] = {}
+
+    def frozen_models(self) -> list[nn.Module]:
+        return [] if self.ref_model is None else [self.ref_model]
+
+    def lengths(self, example: PreferencePair | KTOExample) -> list[int]:
+        if isinstance(example, KTOExample):
+            return [len(example.prompt) + len(example.completion)] * 2  # with its KL sample
+        return [len(example.prompt) + len(example.chosen), len(example.prompt) + len(example.rejected)]
+
+    def collate(self, examples: list[Any], engine: Any) -> dict[str, Tensor]:
+        cfg = engine.cfg
+        kw = dict(pad_token_id=cfg.pad_token_id, max_length=cfg.max_seq_len, device=engine.device)
+        if self.kto:
+            batch = collate_kto(examples, layout=cfg.layout, **kw)
+        else:
+            batch = collate_pairs(examples, layout=cfg.layout, **kw)
+        if self.ref_model is None:
+            return batch
+        if self.token_reference:
+            batch["ref_logps"] = self._reference(engine, batch)
+            return batch
+        missing = [e for e in examples if id(e) not in self._ref_cache]
+        if missing:
+            fresh = collate_pairs(missing, **kw)
+            sums = (self._reference(engine, fresh) * fresh["action_mask"]).sum(1)
+            self._ref_cache.update({id(e): sums[2 * i:2 * i + 2] for i, e in enumerate(missing)})
+        batch["ref_seq_logps"] = torch.cat([self._ref_cache[id(e)] for e in examples])
+        return batch
+
+    def _reference(self, engine: Any, batch: Mapping[str, Tensor]) -> Tensor:
+        cfg = engine.cfg
+        kw = dict(chunk_elements=cfg.chunk_elements, memory_budget=cfg.memory_budget, backend=cfg.backend)
+        return engine.frozen_head(self.ref_model, batch, lambda head, h: action_logps(head, h, batch, **kw))
+
+    def loss(self, engine: Any, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
+        cfg = engine.cfg
+
+        def loss(head: LMHead, hidden: Tensor) -> tuple[Tensor, dict[str, Any]]:
+            return self.loss_fn(batch, hidden=hidden, **head.kwargs(), chunk_elements=cfg.chunk_elements,
+                                memory_budget=cfg.memory_budget, backend=cfg.backend)
+
+        return engine.head_loss(batch, loss)
+
+
+__all__ = ["PreferenceObjective", "action_logps", "reference_logps"]

@@ -1,0 +1,227 @@
+"""The RL objective (and SFT, an `RLAlgorithm` too: `algorithm.make_sft`) on SAW items from a batch source.
+
+A step: fetch a SAWBatch (async), drop items older than `max_lag` policy versions, run `algo.preprocess`;
+refetch while nothing is left. Split the N items by token budget (Ludic's truncate -> sort -> pack) and
+collate each chunk with the step's totals (`MacroTotals`, summed over data-parallel ranks), so token_mean /
+prompt_mean losses divide by the whole step's counts. A micro-batch's loss is `algo.compute_loss` on the
+fused head. Reference model (KL terms): its log-probs of the action tokens go to `batch["ref_logps"]`
+through the same head, without gradients; ProRL-style tracking smooths the k3 estimate of KL(behaviour ||
+reference) on the sampled tokens, `mean(e^{ref - actor} - (ref - actor) - 1)`, by an exponential moving
+average and resets the reference to the policy (`ref <- policy`, "hard", or `ref <- α policy + (1 - α) ref`,
+"mix") when it exceeds `kl_target` or the loss's mean entropy falls below `entropy_floor`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ludic_fast.algorithm import RLAlgorithm
+from ludic_fast.batching import (
+    MacroTotals,
+    collate_packed,
+    collate_saw_items,
+    group_index_of,
+    split_items_by_token_budget,
+)
+from ludic_fast.distributed.macro import macro_totals_across_ranks
+from ludic_fast.engine.guard import diverged_sampling, is_sampling_divergence
+from ludic_fast.engine.objective import MicroBatch
+from ludic_fast.integrations.transformers import LMHead
+from ludic_fast.stats import Reducer, aggregate_stats
+from ludic_fast.types import SAWBatch
+
+log = logging.getLogger("ludic_fast.trainer")  # the public trainer's logger name
+
+#: batch-meta values logged with the step when the source sets them
+_META_KEYS = ("oversampling_factor", "zvp_filter_frac", "rollout_rounds", "zero_variance_group_frac",
+              "zero_weight_frac", "empty_batches")
+
+
+class RLObjective:
+    """`algo` on the batches of `batch_source` (`async next_batch() -> SAWBatch`, optionally `state_dict()` /
+    `load_state_dict()` for exact resume); `ref_model`: a frozen copy for KL terms and resets."""
+
+    def __init__(self, algo: RLAlgorithm, batch_source: Any, *, ref_model: nn.Module | None = None,
+                 reducers: Mapping[str, Reducer] | None = None):
+        self.algo = algo
+        self.name = algo.name
+        self.batch_source = batch_source
+        self.ref_model = None if ref_model is None else ref_model.eval().requires_grad_(False)
+        self.reducers = dict(reducers or {})
+        self.ref_resets = 0
+        self.kl_ref_ema: float | None = None
+
+    def frozen_models(self) -> list[nn.Module]:
+        return [] if self.ref_model is None else [self.ref_model]
+
+    def parameters(self) -> list[nn.Parameter]:
+        return []
+
+    # ------------------------------------------------------------------------------------------- data
+    async def next_batch(self, engine: Any) -> SAWBatch:
+        """The next batch with items; batches left empty by max_lag or preprocess are skipped, counted in
+        `empty_batches` (logged with the step) and reported on stderr at 1, 10, 100, ... in a row."""
+        empty = 0
+        while True:
+            if empty in (1, 10, 100, 1000, 10000):
+                log.warning(
+                    "%d batch(es) in a row had every sample filtered out (max_lag / preprocess filters); "
+                    "the trainer keeps fetching",
+                    empty,
+                )
+            try:
+                saw_batch = await self.batch_source.next_batch()
+            except RuntimeError as exc:
+                if is_sampling_divergence(exc):
+                    raise diverged_sampling(engine.step_idx + 1, engine.optimizer.param_groups[0]["lr"]) from None
+                raise
+            if engine.cfg.max_lag is not None:
+                saw_batch.items = [
+                    it
+                    for it in saw_batch.items
+                    if engine.step_idx - it.meta.get("policy_version", engine.step_idx) <= engine.cfg.max_lag
+                ]
+            if self.algo.preprocess is not None:
+                saw_batch = self.algo.preprocess(saw_batch)
+            if saw_batch.items:
+                rollout_ids = {it.meta.get("rollout_id") for it in saw_batch.items} - {None}
+                saw_batch.meta["effective_rollouts"] = len(rollout_ids) if rollout_ids else len(saw_batch.items)
+                saw_batch.meta["empty_batches"] = empty
+                return saw_batch
+            empty += 1
+
+    def micro_batches(self, engine: Any, saw_batch: SAWBatch) -> list[MicroBatch]:
+        """Token-budget chunks, collated with the step's totals; replaces `saw_batch.items` by the truncated,
+        sorted items. With a reference model each chunk carries `ref_logps` and its k3 KL estimate (aux)."""
+        cfg = engine.cfg
+        chunks = split_items_by_token_budget(
+            saw_batch.items, micro_token_budget=cfg.micro_token_budget, max_seq_len=cfg.max_seq_len, layout=cfg.layout
+        )
+        saw_batch.items = [it for chunk in chunks for it in chunk]
+        if not saw_batch.items:
+            raise ValueError("no items to train on after preprocessing")
+        index, macro = group_index_of(saw_batch.items), MacroTotals.of(saw_batch.items)
+        if engine.data_parallel:  # DDP / FSDP1 name their group; FSDP2 uses the default one
+            macro = macro_totals_across_ranks(macro, getattr(engine.model, "process_group", None))
+        micros = []
+        for chunk in chunks:
+            if cfg.layout == "packed":
+                batch = collate_packed(chunk, device=engine.device, group_index=index, macro=macro)
+            else:
+                batch = collate_saw_items(
+                    chunk, pad_token_id=cfg.pad_token_id, device=engine.device, group_index=index, macro=macro
+                )
+            kl = None
+            if self.ref_model is not None:
+                batch["ref_logps"] = self.reference_logps(engine, batch)
+                if "actor_logps" in batch:
+                    kl = _k3_on_samples(batch["ref_logps"], batch["actor_logps"], batch["action_mask"])
+            micros.append(MicroBatch(batch, len(chunk), kl))
+        return micros
+
+    # ------------------------------------------------------------------------------------------- loss
+    def loss(self, engine: Any, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
+        cfg = engine.cfg
+
+        def loss(head: LMHead, hidden: Tensor) -> tuple[Tensor, dict[str, Any]]:
+            return self.algo.compute_loss(
+                batch, hidden=hidden, **head.kwargs(), temperature=cfg.temperature, backend=cfg.backend,
+                chunk_elements=cfg.chunk_elements, memory_budget=cfg.memory_budget,
+            )
+
+        return engine.head_loss(batch, loss, fp32_head=self.algo.fp32_head)
+
+    @torch.no_grad()
+    def reference_logps(self, engine: Any, batch: Mapping[str, Tensor]) -> Tensor:
+        """log p_ref of each action token at its position ([B, T], 0 elsewhere), through the fused head."""
+        cfg, ids = engine.cfg, batch["input_ids"]
+        targets = torch.where(batch["action_mask"][:, 1:] > 0, ids[:, 1:], torch.full_like(ids[:, 1:], -100))
+
+        def logprobs(head: LMHead, h: Tensor) -> Tensor:
+            return head.logprobs(
+                h[:, :-1], targets, temperature=cfg.temperature, entropy=False, backend=cfg.backend,
+                chunk_elements=cfg.chunk_elements, memory_budget=cfg.memory_budget,
+            ).logprobs
+
+        ref = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+        ref[:, 1:] = engine.frozen_head(self.ref_model, batch, logprobs, fp32_head=self.algo.fp32_head)
+        return ref
+
+    # ------------------------------------------------------------------------------------------ stats
+    def step_stats(self, engine: Any, saw_batch: SAWBatch, micro_stats: Sequence[dict[str, Any]],
+                   sizes: Sequence[int]) -> dict[str, Any]:
+        stats = aggregate_stats(micro_stats, [saw_batch], reducers=self.reducers, micro_batch_sizes=list(sizes))
+        stats.update({k: float(saw_batch.meta[k]) for k in _META_KEYS if k in saw_batch.meta})
+        return stats
+
+    def after_step(self, engine: Any, stats: dict[str, Any], aux: Sequence[Any], finite: bool) -> None:
+        """Reference tracking (module docstring) after a finite step; its values join the step's stats."""
+        if self.ref_model is None:
+            return
+        if finite:
+            self._track_reference(engine, [kl for kl in aux if kl is not None], stats)
+        stats.update(kl_ref_ema=self.kl_ref_ema or 0.0, ref_resets=float(self.ref_resets))
+
+    def _track_reference(self, engine: Any, kl_ref: list[Tensor], stats: Mapping[str, float]) -> None:
+        cfg = engine.cfg
+        if kl_ref:
+            kl = float(torch.stack(kl_ref).mean())
+            d = cfg.kl_ema_decay
+            self.kl_ref_ema = kl if self.kl_ref_ema is None else d * self.kl_ref_ema + (1 - d) * kl
+        entropy = next((v for k, v in stats.items() if k.endswith("entropy_mean")), None)
+        over_kl = cfg.kl_target is not None and self.kl_ref_ema is not None and self.kl_ref_ema > cfg.kl_target
+        low_h = cfg.entropy_floor is not None and entropy is not None and entropy < cfg.entropy_floor
+        if over_kl or low_h:
+            self.reset_reference(engine)
+
+    @torch.no_grad()
+    def reset_reference(self, engine: Any) -> None:
+        """ref <- policy ("hard") or ref <- α policy + (1 - α) ref ("mix"); the KL average restarts."""
+        policy = dict(engine.model.named_parameters())
+        alpha = 1.0 if engine.cfg.ref_reset == "hard" else engine.cfg.ref_mix_alpha
+        for name, ref_p in self.ref_model.named_parameters():
+            src = policy.get(name)
+            if src is not None and src.shape == ref_p.shape:
+                ref_p.mul_(1 - alpha).add_(src.detach().to(ref_p.dtype), alpha=alpha)
+        self.ref_resets += 1
+        self.kl_ref_ema = None
+
+    # ------------------------------------------------------------------------------------------ state
+    def state(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        meta: dict[str, Any] = {"algorithm": self.algo.name, "ref_resets": self.ref_resets,
+                                "kl_ref_ema": self.kl_ref_ema}
+        if self.algo.curriculum is not None:
+            meta["curriculum"] = self.algo.curriculum.state_dict()
+        if hasattr(self.batch_source, "state_dict"):
+            meta["batch_source"] = self.batch_source.state_dict()
+        tensors = {} if self.ref_model is None else {f"ref.{k}": v for k, v in self.ref_model.state_dict().items()}
+        return meta, tensors
+
+    def load_state(self, meta: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+        self.ref_resets = int(meta.get("ref_resets", 0))
+        self.kl_ref_ema = meta.get("kl_ref_ema")
+        if self.ref_model is not None:
+            ref = {k[len("ref."):]: v for k, v in tensors.items() if k.startswith("ref.")}
+            if ref:
+                self.ref_model.load_state_dict(ref, strict=False)
+        if self.algo.curriculum is not None and "curriculum" in meta:
+            self.algo.curriculum.load_state_dict(meta["curriculum"])
+        if "batch_source" in meta and hasattr(self.batch_source, "load_state_dict"):
+            self.batch_source.load_state_dict(meta["batch_source"])
+
+
+def _k3_on_samples(ref: Tensor, actor: Tensor, action_mask: Tensor) -> Tensor:
+    """mean over action tokens (position >= 1) of e^{ref - actor} - (ref - actor) - 1."""
+    mask = action_mask[:, 1:] > 0
+    d = (ref[:, 1:] - actor[:, 1:])[mask]
+    if d.numel() == 0:
+        return torch.zeros((), device=ref.device)
+    return (torch.exp(d) - d - 1).mean()
+
+
+__all__ = ["RLObjective"]

@@ -1,0 +1,115 @@
+"""The one engine under every offline preset: each preset runs through `ludic-fast train` under the trainer
+flags (LoRA, warm-up + cosine, gradient checkpointing, fp16 / bf16, packed layout, token budget, memory
+budget, checkpoints); LoRA trains only the adapters; the token-budget split leaves the step's loss and
+gradient unchanged; a flag a preset cannot use is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
+from ludic_fast.engine.config import TrainerConfig
+from ludic_fast.engine.trainer import Trainer
+from ludic_fast.objectives.distill import DistillObjective
+from ludic_fast.objectives.preference import PreferenceObjective
+from ludic_fast.objectives.reward import RewardObjective
+from ludic_fast.offline_cli import OFFLINE_PRESETS
+from ludic_fast.preference import DPOLoss
+from ludic_fast.preference_data import embedded_rows, encode_rows
+from ludic_fast.train_cli import main
+
+TOK = build_char_tokenizer()
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("preset", OFFLINE_PRESETS)
+def test_every_offline_preset_under_the_trainer_flags(tmp_path, preset, dtype):
+    """4 steps at lr 0.004 with 2 warm-up steps then cosine: the rates 0.002, 0.004, 0.004, 0.002 (the k-th
+    step taken uses lr_lambda(k)); LoRA saves the adapter alone; checkpoints at steps 2 and 4; finite losses."""
+    extra = ["--teacher-steps", "2"] if preset == "distill" else []
+    args = ["train", "--preset", preset, "--offline-steps", "4", "--pref-batch-size", "4", "--logger", "none",
+            "--no-plot", "--device", "cpu", "--output-dir", str(tmp_path), "--lr", "0.004", "--lr-scheduler",
+            "cosine", "--warmup-steps", "2", "--lora-r", "2", "--gradient-checkpointing", "--dtype", dtype,
+            "--layout", "packed" if dtype == "fp16" else "padded", "--micro-token-budget", "128",
+            "--memory-budget", "64MiB", "--checkpoint-every", "2", *extra]
+    assert main(args) == 0
+    records = _records(tmp_path)
+    # the schedule moves on after each step taken (an fp16 step the loss scale skipped keeps its rate)
+    taken = [sum(r["train/step_skipped"] == 0.0 for r in records[:i]) for i in range(len(records))]
+    assert [r["train/lr"] for r in records] == pytest.approx([0.004 * [0.5, 1, 1, 0.5][k] for k in taken])
+    assert dtype == "fp16" or taken == [0, 1, 2, 3]
+    assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in records)
+    saved = tmp_path / "model"
+    assert (saved / "adapter_model.safetensors").is_file() and not (saved / "model.safetensors").exists()
+    assert json.loads((tmp_path / preset / "latest.json").read_text())["step"] == 4
+
+
+def _objective(preset: str):
+    examples = encode_rows(embedded_rows("completions" if preset == "distill" else "pairs", 8),
+                           "completions" if preset == "distill" else "pairs", TOK, chat_template=False)
+    other = build_tiny_model(len(TOK), seed=1, **SMALL).requires_grad_(False)
+    torch.manual_seed(0)
+    objective = {"dpo": lambda: PreferenceObjective(DPOLoss(), other),
+                 "reward": lambda: RewardObjective(torch.nn.Linear(32, 1)),
+                 "distill": lambda: DistillObjective(other)}[preset]()
+    return objective.use_examples(examples, batch_size=8)
+
+
+def _cfg(**kw) -> TrainerConfig:
+    return TrainerConfig(**{**dict(model_device="cpu", pad_token_id=TOK.pad_token_id, lr=1e-2, max_seq_len=32,
+                                   micro_token_budget=1024, sync_every_steps=0), **kw})
+
+
+@pytest.mark.parametrize("preset", ["dpo", "reward"])
+def test_lora_trains_only_the_adapters(preset):
+    from peft import LoraConfig
+
+    model = build_tiny_model(len(TOK), seed=0, **SMALL)
+    base = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    lora = LoraConfig(r=2, lora_alpha=4, target_modules="all-linear", lora_dropout=0.0)
+    trainer = Trainer(model=model, objective=_objective(preset), cfg=_cfg(), lora_config=lora)
+    adapters = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_" in k}
+    for _ in range(2):
+        trainer.train_step_sync()
+    assert all(torch.equal(v, base[k]) for k, v in model.state_dict().items() if "lora_" not in k and k in base)
+    moved = [k for k, v in trainer.model.named_parameters() if "lora_" in k and not torch.equal(v, adapters[k])]
+    assert moved and {p.requires_grad for n, p in trainer.model.named_parameters() if "lora_" not in n} == {False}
+
+
+@pytest.mark.parametrize("preset", ["dpo", "reward", "distill"])
+def test_token_budget_split_keeps_the_step_mean(preset):
+    """The step's loss and gradients with micro-batches of at most 40 tokens equal those of one micro-batch."""
+    results = []
+    for budget in (1024, 40):
+        model = build_tiny_model(len(TOK), seed=0, **SMALL)
+        trainer = Trainer(model=model, objective=_objective(preset), cfg=_cfg(micro_token_budget=budget))
+        batch = trainer.objective.stream.next()
+        loss, _, sizes, _ = trainer.accumulate_gradients(batch)
+        results.append((loss, [p.grad.clone() for p in trainer.params if p.grad is not None], sizes))
+    (loss1, g1, sizes1), (loss2, g2, sizes2) = results
+    assert len(sizes1) == 1 and len(sizes2) > 1 and sum(sizes2) == sizes1[0]  # examples (distill: tokens)
+    torch.testing.assert_close(loss1, loss2, rtol=1e-5, atol=1e-7)
+    assert len(g1) == len(g2) > 1
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize(("preset", "flag"), [("dpo", ["--group-size", "4"]), ("dpo", ["--rl-steps", "3"]),
+                                               ("reward", ["--beta", "0.2"]), ("dpo", ["--teacher-steps", "3"]),
+                                               ("reward", ["--backend", "torch"]),
+                                               ("cispo", ["--offline-steps", "3"])])
+def test_a_flag_the_preset_cannot_use_is_refused(tmp_path, capsys, preset, flag):
+    assert main(["train", "--preset", preset, *flag, "--output-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"ludic-fast train: error: {flag[0]} does not apply to --preset {preset} " \
+                  f"({'an RL' if preset == 'cispo' else 'an offline'} preset): drop it"
+    assert not (tmp_path / "x").exists()
+
