@@ -103,12 +103,13 @@ def validate_head_inputs(
         raise ValueError(f"temperature must be finite and > 0, got {temperature}")
     upper = vocab_size if vocab_size is not None else V
     out_of_range = (targets != ignore_index) & ((targets < 0) | (targets >= upper))
-    # the one host sync of a valid call: the target range and the temperature values, read back together
-    checks = [out_of_range.any()] + ([] if bad_temperature is None else [bad_temperature.any().to(targets.device)])
-    target_bad, *temperature_bad = torch.stack(checks).tolist()
-    if any(temperature_bad):
+    flags = out_of_range.any().to(torch.uint8)  # bit 0: a target out of range, bit 1: a bad temperature
+    if bad_temperature is not None:
+        flags = flags + 2 * bad_temperature.any().to(device=flags.device, dtype=torch.uint8)
+    flags = int(flags)  # the one host sync of a valid call: both checks read back together
+    if flags & 2:
         raise ValueError("temperature must be finite and > 0 everywhere (found a value <= 0, inf or NaN)")
-    if target_bad:
+    if flags & 1:
         bad = targets[out_of_range]
         raise ValueError(
             f"targets must lie in [0, {upper}) or equal ignore_index={ignore_index}; "
