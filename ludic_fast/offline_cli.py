@@ -43,7 +43,7 @@ from ludic_fast.objectives.distill import DistillObjective
 from ludic_fast.objectives.preference import PreferenceObjective
 from ludic_fast.objectives.reward import RewardObjective
 from ludic_fast.ops import linear_cross_entropy
-from ludic_fast.preference import DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss
+from ludic_fast.preference import DPO_LOSS_TYPES, DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss, make_preference_loss
 from ludic_fast.preference_data import embedded_rows, encode_rows, read_rows
 from ludic_fast.train_recipe import apply_recipe
 
@@ -70,6 +70,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--distill-temperature", type=float, default=1.0)
     g.add_argument("--hard-weight", type=float, default=0.0, help="distill: weight of the hard-label CE")
     g.add_argument("--on-policy-fraction", type=float, default=0.0, help="distill: GKD λ (student samples)")
+    g.add_argument("--loss-type", type=_names, default=None,
+                   help="dpo: TRL's DPO loss type(s), comma-separated to combine (e.g. sigmoid,sft = RPO); "
+                        "default sigmoid")
+    g.add_argument("--loss-weights", type=_weights, default=None,
+                   help="dpo: one weight per --loss-type, comma-separated (default: 1 each)")
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
+def _weights(text: str) -> list[float]:
+    try:
+        return [float(w) for w in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _loss(args: argparse.Namespace) -> Any:
+    """The preset's preference loss: `make_preference_loss(--loss-type, weights=--loss-weights)` for dpo with
+    --loss-type (DPO loss types only), else the preset's class; `--beta` when given."""
+    options = {} if args.beta is None else {"beta": args.beta}
+    if args.loss_type is None:
+        if args.loss_weights is not None:
+            raise UsageError("--loss-weights needs --loss-type (the loss types they weigh)")
+        return LOSSES[args.preset](**options)
+    unknown = [n for n in args.loss_type if n not in DPO_LOSS_TYPES]
+    if unknown:
+        raise UsageError(f"--loss-type {unknown[0]}: not a DPO loss type (one of {', '.join(DPO_LOSS_TYPES)})")
+    try:
+        return make_preference_loss(args.loss_type, weights=args.loss_weights, **options)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--loss-type/--loss-weights: {exc}") from None
 
 
 def _examples(args: argparse.Namespace, tok: Any, chat: bool) -> list[Any]:
@@ -118,11 +154,8 @@ def _objective(args: argparse.Namespace, model: torch.nn.Module, tok: Any, examp
                                 temperature=args.distill_temperature, hard_weight=args.hard_weight,
                                 on_policy_fraction=args.on_policy_fraction, max_new_tokens=args.max_new_tokens,
                                 eos_token_id=tok.eos_token_id, seed=args.seed)
-    loss_cls = LOSSES[args.preset]
-    loss_fn = loss_cls() if args.beta is None else loss_cls(beta=args.beta)
-    ref = None
-    if args.preset in ("dpo", "ipo", "kto"):
-        ref = copy.deepcopy(model).eval().requires_grad_(False)
+    loss_fn = _loss(args)
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if loss_fn.uses_reference else None
     return PreferenceObjective(loss_fn, ref)
 
 
@@ -136,6 +169,8 @@ def _check(args: argparse.Namespace, command: str) -> None:
     check_device(args.device)
     apply_recipe(args)  # resolves --attn and --dtype
     check_args(args)
+    if args.preset in LOSSES:
+        _loss(args)
     try:  # the engine's own cross-field checks, before anything runs
         engine_config(args, 0)
     except ValueError as exc:

@@ -29,6 +29,8 @@ OFFLINE_ONLY = {
     "distill_temperature": ("distill",),
     "hard_weight": ("distill",),
     "on_policy_fraction": ("distill",),
+    "loss_type": ("dpo",),
+    "loss_weights": ("dpo",),
 }
 #: flags read by some offline presets: max-new-tokens (on-policy distillation samples); backend (the presets
 #: whose loss runs the LM head: not reward, whose value head scores the hidden states)

@@ -113,3 +113,26 @@ def test_a_flag_the_preset_cannot_use_is_refused(tmp_path, capsys, preset, flag)
                   f"({'an RL' if preset == 'cispo' else 'an offline'} preset): drop it"
     assert not (tmp_path / "x").exists()
 
+
+
+@pytest.mark.parametrize(("flags", "first_loss"), [([], 0.6931472), (["--loss-type", "hinge"], 1.0),
+                                                    (["--loss-type", "sigmoid,hinge", "--loss-weights", "1,0.5"],
+                                                     0.6931472 + 0.5)])
+def test_dpo_loss_type_flags_reach_the_loss(tmp_path, flags, first_loss):
+    """At step 1 the policy equals its reference (margin 0): sigmoid's loss is log 2, hinge's relu(1 - 0) = 1,
+    and a weighted combination their weighted sum."""
+    args = ["train", "--preset", "dpo", "--offline-steps", "1", "--pref-batch-size", "4", "--logger", "none",
+            "--no-plot", "--device", "cpu", "--output-dir", str(tmp_path), *flags]
+    assert main(args) == 0
+    assert _records(tmp_path)[0]["train/loss"] == pytest.approx(first_loss, rel=1e-5)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--loss-type", "simpo"], "--loss-type simpo: not a DPO loss type"),
+    (["--loss-weights", "1,2"], "--loss-weights needs --loss-type"),
+    (["--loss-type", "sigmoid,sft", "--loss-weights", "1"], "--loss-type/--loss-weights: weights needs one weight"),
+])
+def test_bad_dpo_loss_type_flags_are_one_line_errors(tmp_path, capsys, flags, message):
+    assert main(["train", "--preset", "dpo", *flags, "--output-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"ludic-fast train: error: {message}")
