@@ -191,10 +191,15 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, attr, None)
         if value is not None and not (attr == "task" and value == "embedded"):
             check_file(value, _flag(attr))
-    if getattr(args, "engine", "hf") == "vllm":
-        require_package(*_EXTRAS["engine_vllm"], what="--engine vllm")
-    elif getattr(args, "vllm_arg", None):
-        raise UsageError("--vllm-arg needs --engine vllm")
+    engine = getattr(args, "engine", "hf")
+    if engine == "hf" and getattr(args, "vllm_arg", None):
+        raise UsageError("--vllm-arg needs --engine vllm or vllm-server")
+    if engine != "vllm-server" and getattr(args, "vllm_url", None):
+        raise UsageError("--vllm-url needs --engine vllm-server")
+    if getattr(args, "vllm_url", None) and getattr(args, "vllm_arg", None):
+        raise UsageError("--vllm-arg cannot reach a server given by --vllm-url (it runs with its own engine arguments)")
+    if engine == "vllm" or (engine == "vllm-server" and not args.vllm_url):
+        require_package(*_EXTRAS["engine_vllm"], what=f"--engine {engine}")
     if getattr(args, "lora_r", 0) > 0:
         require_package(*_EXTRAS["lora"], what="--lora-r")
     if getattr(args, "wandb", False):

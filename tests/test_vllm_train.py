@@ -36,3 +36,20 @@ def test_train_with_vllm_engine_starts_on_policy_and_gains_reward(tmp_path):
     assert all(abs(r["train/ratio_mean"] - 1) < 1e-3 for r in rl), "a step sampled with stale weights"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["gain"] is not None and summary["gain"] >= 0.05, summary
+
+
+def test_train_with_a_vllm_server_started_by_the_run_stays_on_policy(tmp_path):
+    """--engine vllm-server: the run starts vLLM's OpenAI server and pushes the weights through its update path
+    before the first batch and after every step (ratio 1 at each step), then stops the server."""
+    needs_vllm()
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "ludic_fast.cli", "train", "--engine", "vllm-server", "--vllm-arg", "enforce_eager=true",
+        "--vllm-arg", f"kv_cache_memory_bytes={64 << 20}", "--output-dir", str(out), "--logger", "print",
+        "--no-plot", "--sft-steps", "20", "--rl-steps", "3", "--prompts-per-batch", "8", "--eval-every", "0",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in records if r.get("phase") == "rl" and "train/ratio_mean" in r]
+    assert len(rl) == 3 and all(abs(r["train/ratio_mean"] - 1) < 1e-3 for r in rl), rl

@@ -18,6 +18,7 @@ machines the weights travel over NCCL instead (vLLM's weight-transfer engine: `/
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -87,6 +88,7 @@ class VLLMServerEngine:
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="ludic-fast-vllm-weights-"))
         self.eos_ids = {int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])}
         self.max_concurrency = max_concurrency
+        self.server: VLLMServer | None = None  # the server this engine was started with, kept alive beside it
         self.version = 0
 
     def _complete(self, prompt: list[int], sampling: SamplingConfig, seed: int | None) -> Completion:
@@ -179,6 +181,7 @@ class VLLMServer:
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        atexit.register(self.close)  # never outlive the run
         try:
             self._wait_ready(startup_timeout)
         except BaseException:
@@ -217,4 +220,34 @@ class VLLMServer:
         self.close()
 
 
-__all__ = ["VLLMServer", "VLLMServerEngine", "free_port"]
+def server_flags(engine_args: Mapping[str, Any]) -> list[str]:
+    """`vllm serve` flags of vllm.LLM-style engine arguments: `{"max_num_seqs": 8, "enforce_eager": True}` ->
+    `["--max-num-seqs", "8", "--enforce-eager"]` (False: `--no-<flag>`; lists and dicts as JSON)."""
+    flags: list[str] = []
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        else:
+            flags += [flag, json.dumps(value) if isinstance(value, (list, dict)) else str(value)]
+    return flags
+
+
+def server_engine(
+    model: str, *, url: str | None, eos_token_id: int | list[int], seed: int = 0,
+    engine_args: Mapping[str, Any] | None = None,
+) -> VLLMServerEngine:
+    """A VLLMServerEngine on the server at `url`, or on a VLLMServer started here for `model` with `engine_args`
+    (kept as the engine's `server`, stopped when the process exits). `model`: the served checkpoint's folder."""
+    server = None
+    if url is None:
+        server = VLLMServer(model, seed=seed, extra_args=server_flags(engine_args or {}))
+        url = server.url
+    elif engine_args:
+        raise ValueError("engine_args: a server given by URL was started with its own engine arguments")
+    engine = VLLMServerEngine(url, eos_token_id=eos_token_id, checkpoint=model)
+    engine.server = server
+    return engine
+
+
+__all__ = ["VLLMServer", "VLLMServerEngine", "free_port", "server_engine", "server_flags"]
