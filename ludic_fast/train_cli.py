@@ -65,6 +65,7 @@ from ludic_fast.offline_cli import OFFLINE_PRESETS
 from ludic_fast.offline_cli import add_arguments as add_offline_arguments
 from ludic_fast.offline_cli import main as offline_main
 from ludic_fast.ops.budget import parse_memory_budget
+from ludic_fast.preset_flags import check_flag_scope
 from ludic_fast.rollout import (
     Evaluator,
     HFGenerateEngine,
@@ -621,7 +622,13 @@ def main(argv: list[str]) -> int:
     if command not in ("train", "demo"):
         raise ValueError(f"argv[0] must be 'train' or 'demo', got {command!r}")
     t0 = time.perf_counter()
-    args = build_parser(f"ludic-fast {command}").parse_args(rest)
+    parser = build_parser(f"ludic-fast {command}")
+    args = parser.parse_args(rest)
+    try:
+        check_flag_scope(parser, args, OFFLINE_PRESETS)
+    except UsageError as exc:
+        print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)
+        return 2
     with StopOnSignal() as stop:
         if args.preset in OFFLINE_PRESETS:  # preference, reward-model and distillation presets: no rollouts
             return offline_main(args, command, stop)
