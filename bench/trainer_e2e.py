@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--find-max", action="store_true",
                    help="also double --seqs per path until it runs out of memory (CUDA); report the largest fit")
     p.add_argument("--find-max-seconds", type=float, default=240.0,
-                   help="--find-max stops doubling once this many seconds were spent on it (default 240)")
+                   help="--find-max stops doubling once this many seconds were spent on it, shared out among the "
+                   "paths (default 240)")
     p.add_argument("--json", help="write the rows to this JSON file too (after every child)")
     p.add_argument("--markdown", help="write the table to this file too (after every child)")
     p.add_argument("--run", choices=PATHS, help=argparse.SUPPRESS)  # one path in this process (internal)
@@ -339,9 +340,10 @@ def main(argv: list[str] | None = None) -> int:
         row = _child(args, path)
         rows.append(row)
         save(f"{path}: {row['skipped']}" if "skipped" in row else f"{path}: median step {row['median_s']:.3f} s")
-    deadline = time.monotonic() + args.find_max_seconds
-    for row in rows if args.find_max else ():
-        row["max_seqs"] = _largest_fit(args, row["path"], row, deadline)
+    end = time.monotonic() + args.find_max_seconds  # shared out among the paths that ran, in turn
+    for i, row in enumerate(rows if args.find_max else ()):
+        share = (end - time.monotonic()) / max(1, sum("skipped" not in r for r in rows[i:]))
+        row["max_seqs"] = _largest_fit(args, row["path"], row, time.monotonic() + share)
         save(f"{row['path']}: largest sequences per step {row['max_seqs']}")
     print(table(args, rows))
     return 1 if any(r.get("failed") for r in rows) else 0

@@ -107,14 +107,16 @@ def test_a_failing_path_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
 
 
 def test_find_max_stops_at_its_time_cap(tmp_path, monkeypatch):
-    """--find-max doubles until out of memory or --find-max-seconds: with a path that never runs out of memory
-    the doubling stops at the cap and the row says so."""
+    """--find-max doubles until out of memory or --find-max-seconds, shared out among the paths: with paths
+    that never run out of memory each stops at its share and the row says so."""
     bench = _bench()
     _fake_children(monkeypatch, bench, fail="")
-    clock = iter(range(0, 10**6, 50))  # each look at the clock is 50 s later
+    clock = iter(range(0, 10**6, 10))  # each look at the clock is 10 s later
     monkeypatch.setattr(bench.time, "monotonic", lambda: next(clock))
-    argv = ["--paths", "ours-padded", "--seqs", "2", "--find-max", "--find-max-seconds", "120",
+    argv = ["--paths", "ours-padded,reference", "--seqs", "2", "--find-max", "--find-max-seconds", "100",
             "--json", str(tmp_path / "rows.json")]
     assert bench.main(argv) == 0
-    row = json.loads((tmp_path / "rows.json").read_text())["rows"][0]
-    assert row["max_seqs"] == ">= 8 (time cap)"
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    # end = 0 + 100; ours-padded: share (100 - 10) / 2 = 45 from 20 -> tries at 30, 40, 50, 60 (4, 8, 16, 32),
+    # stops at 70; reference: share (100 - 80) / 1 = 20 from 90 -> tries at 100 (4), stops at 110
+    assert [r["max_seqs"] for r in rows] == [">= 32 (time cap)", ">= 4 (time cap)"]
