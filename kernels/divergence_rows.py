@@ -61,8 +61,8 @@ def _log_mix(ls, lt, log_b, log_1b):
 
 @triton.jit
 def _plogr(p, log_p, log_r):
-    """p (log p - log r), exactly 0 where p = 0."""
-    return tl.where(p > 0, p * (log_p - log_r), 0.0)
+    """p (log p - log r), exactly 0 where p = 0 (NaN stays NaN)."""
+    return tl.where(p == 0, 0.0, p * (log_p - log_r))
 
 
 @triton.jit
@@ -85,9 +85,9 @@ def _entropy_sums(tail, tau, m_old, m_new, x, e, block_max):
     alpha = _rescale(m_old, m_new)
     sigma_old = tl.where(m_old != float("-inf"), 1.0 + tail, 0.0)
     tau = tl.where(m_old != float("-inf"), (tau + sigma_old * (m_old - m_new)) * alpha, 0.0)
-    tau += tl.sum(tl.where(e > 0, e * x, 0.0), 0)
+    tau += tl.sum(tl.where(e == 0, 0.0, e * x), 0)
     moved = block_max > m_old
-    first_max = tl.arange(0, x.shape[0]) == tl.argmax(x, 0)
+    first_max = tl.arange(0, x.shape[0]) == tl.argmax(tl.where(x == x, x, float("-inf")), 0)  # NaN: no maximum
     block_tail = tl.sum(tl.where(first_max, tl.where(moved, 0.0, e), e), 0)
     tail = tl.where(moved, sigma_old * alpha + block_tail, tail + block_tail)
     return tail, tau
@@ -134,11 +134,11 @@ def divergence_rows_kernel(
         es = tl.exp(xs)
         et = tl.exp(xt)
         if KIND == 0:  # the old terms' x_s and x_t move with the maxima, then the weights e^{x_t} rescale
-            moved = tl.where(sum_t > 0, sum_t * (_delta(m_s, ms_new) - _delta(m_t, mt_new)), 0.0)
-            gap = (gap + moved) * _rescale(m_t, mt_new) + tl.sum(tl.where(et > 0, et * (xt - xs), 0.0), 0)
+            moved = tl.where(sum_t == 0, 0.0, sum_t * (_delta(m_s, ms_new) - _delta(m_t, mt_new)))
+            gap = (gap + moved) * _rescale(m_t, mt_new) + tl.sum(tl.where(et == 0, 0.0, et * (xt - xs)), 0)
         if KIND == 1:
-            moved = tl.where(sum_s > 0, sum_s * (_delta(m_t, mt_new) - _delta(m_s, ms_new)), 0.0)
-            gap = (gap + moved) * _rescale(m_s, ms_new) + tl.sum(tl.where(es > 0, es * (xs - xt), 0.0), 0)
+            moved = tl.where(sum_s == 0, 0.0, sum_s * (_delta(m_t, mt_new) - _delta(m_s, ms_new)))
+            gap = (gap + moved) * _rescale(m_s, ms_new) + tl.sum(tl.where(es == 0, 0.0, es * (xs - xt)), 0)
         if ENTROPY:
             tail_s, tau_s = _entropy_sums(tail_s, tau_s, m_s, ms_new, xs, es, tl.max(zs, 0))
         sum_s = sum_s * _rescale(m_s, ms_new) + tl.sum(es, 0)
@@ -199,9 +199,9 @@ def divergence_rows_kernel(
             if KIND == 0:
                 d = p - tl.exp(lt)
             elif KIND == 1:
-                d = tl.where(p > 0, p * (ls - lt - div), 0.0)
+                d = tl.where(p == 0, 0.0, p * (ls - lt - div))
             else:
-                d = tl.where(p > 0, (1.0 - beta) * p * (ls - _log_mix(ls, lt, log_b, log_1b) - kl_s), 0.0)
+                d = tl.where(p == 0, 0.0, (1.0 - beta) * p * (ls - _log_mix(ls, lt, log_b, log_1b) - kl_s))
             if HARD:
                 p1 = tl.exp(u_s - lse_1)
                 d = (1.0 - hard) * d + (hard / inv_t) * (p1 - tl.where(cols == tgt, 1.0, 0.0))

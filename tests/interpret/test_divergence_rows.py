@@ -236,3 +236,22 @@ def test_entropy_of_confident_tokens_is_accurate(offset):
     err = (got - want).abs()
     assert (err / want)[big].max() <= 1e-3, (err / want)[big].max()
     assert err[~big].max() <= 1e-7, err[~big].max()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("kind", ["forward_kl", "reverse_kl", "jsd"])
+def test_bad_per_token_temperature_gives_nan_not_a_number(backend, kind):
+    """A per-token temperature entry that is NaN, 0, negative or inf makes that token's loss and entropy NaN
+    (no silent value); the other tokens are untouched."""
+    hs, Ws, bs, ht, Wt, bt, tgt = _inputs(13)
+    temp = torch.ones(N)
+    bad = torch.tensor([1, 3, 4, 6])
+    temp[bad] = torch.tensor([float("nan"), 0.0, -1.0, float("inf")])
+    kw = dict(kind=kind, reduction="none", backend=backend, return_entropy=True)
+    out, ent = linear_divergence(hs, Ws, ht, Wt, temperature=temp.to(DEVICE), **kw)
+    ref, ref_h = linear_divergence(hs, Ws, ht, Wt, **kw)
+    good = torch.ones(N, dtype=torch.bool)
+    good[bad] = False
+    assert out.cpu()[~good].isnan().all() and ent.cpu()[~good].isnan().all()
+    torch.testing.assert_close(out[good.to(DEVICE)], ref[good.to(DEVICE)], rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(ent[good.to(DEVICE)], ref_h[good.to(DEVICE)], rtol=1e-6, atol=0.0)
