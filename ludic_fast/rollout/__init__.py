@@ -1,5 +1,6 @@
-"""Rollouts: engines (transformers `generate`; vLLM, imported lazily), tasks and rewards, batch sources
-(RolloutBatchSource with GRPO groups and DAPO dynamic sampling, OfflineBatchSource) and the eval loop."""
+"""Rollouts: engines (transformers `generate`; vLLM in-process or its OpenAI server, imported lazily), tasks and
+rewards, batch sources (RolloutBatchSource with GRPO groups and DAPO dynamic sampling, OfflineBatchSource) and the
+eval loop."""
 
 from ludic_fast.rollout.engine import Completion, HFGenerateEngine, SamplingConfig
 from ludic_fast.rollout.offline import OfflineBatchSource, chat_item
@@ -8,12 +9,15 @@ from ludic_fast.rollout.rewards import exact_match, format_reward, get_reward, n
 from ludic_fast.rollout.sources import Evaluator, RolloutBatchSource
 from ludic_fast.rollout.tasks import PromptAnswerTask, embedded_default_task
 from ludic_fast.rollout.vllm_engine import VLLMEngine, map_weights_for_vllm, vllm_weight_name
+from ludic_fast.rollout.vllm_server import VLLMServer, VLLMServerEngine
 
 __all__ = [
     "Completion",
     "HFGenerateEngine",
     "SamplingConfig",
     "VLLMEngine",
+    "VLLMServer",
+    "VLLMServerEngine",
     "vllm_weight_name",
     "map_weights_for_vllm",
     "OfflineBatchSource",
