@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ludic_fast import run_setup
 from ludic_fast.checkpoint import CheckpointManager
 from ludic_fast.cli_validation import UsageError, as_flags, check_args, check_device, check_output_dir
 from ludic_fast.engine.config import TrainerConfig
@@ -45,6 +46,7 @@ from ludic_fast.objectives.reward import RewardObjective
 from ludic_fast.ops import linear_cross_entropy
 from ludic_fast.preference import DPO_LOSS_TYPES, DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss, make_preference_loss
 from ludic_fast.preference_data import embedded_rows, encode_rows, read_rows
+from ludic_fast.rollout import resolve_chat_template
 from ludic_fast.train_recipe import apply_recipe
 
 FORMAT = {"dpo": "pairs", "ipo": "pairs", "simpo": "pairs", "orpo": "pairs", "reward": "pairs", "kto": "kto",
@@ -180,23 +182,21 @@ def _check(args: argparse.Namespace, command: str) -> None:
 def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = None) -> int:
     """Run an offline preset (module docstring); 2 after a one-line error for a bad input, 130 / 143 when
     stopped by SIGINT / SIGTERM through `stop`."""
-    from ludic_fast import train_cli
-
     t0 = time.perf_counter()
     stop = stop or StopOnSignal()
     try:
         _check(args, command)
-        tok = train_cli.build_tokenizer(args)
-        chat = train_cli.resolve_chat_template(tok, args.chat_template)
+        tok = run_setup.build_tokenizer(args)
+        chat = resolve_chat_template(tok, args.chat_template)
         examples = _examples(args, tok, chat)
-        args.output_dir = args.output_dir or train_cli.default_output_dir(args, command)
+        args.output_dir = args.output_dir or run_setup.default_output_dir(args, command)
         out = check_output_dir(args.output_dir, "--output-dir")
-        resume_step = train_cli.check_resume(args, (args.preset,))
+        resume_step = run_setup.check_resume(args, (args.preset,))
     except (UsageError, ValueError) as exc:
         print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)
         return 2
     metrics = out / "metrics.jsonl"
-    ckpt = train_cli._checkpoint_config(args, args.preset)
+    ckpt = run_setup.checkpoint_config(args, args.preset)
     resume = resume_step is not None
     if resume:  # the records of steps after the checkpoint are trained again
         keep_jsonl_records(metrics, lambda r: r["step"] <= resume_step)
@@ -205,20 +205,20 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model, tok = train_cli.build_model_and_tokenizer(args, tok)
+    model, tok = run_setup.build_model_and_tokenizer(args, tok)
     model.to(args.device)
     objective = _objective(args, model, tok, examples).use_examples(examples, batch_size=args.pref_batch_size,
                                                                     seed=args.seed)
     print(f"ludic-fast {command}: {args.offline_steps} steps of {args.preset} on {len(examples)} "
           f"{UNIT[FORMAT[args.preset]]} ({args.pref_data or 'embedded'}); output {out}", flush=True)
-    console = train_cli.build_console_logger(args.logger)
+    console = run_setup.build_console_logger(args.logger)
     wandb = WandbLogger(config=vars(args)) if args.wandb else None
     logger = TeeLogger(JSONLLogger(metrics, extra={"phase": args.preset}), console, wandb)
     error = None
     try:
         trainer = Trainer(model=model, objective=objective, cfg=engine_config(args, tok), checkpoint_config=ckpt,
                           resume_from="latest" if resume else None, train_logger=logger,
-                          lora_config=train_cli._lora_config(args))
+                          lora_config=run_setup.lora_config(args))
         print(f"{args.preset}: {trainer.memory_estimate.format()}", flush=True)
         if resume:
             print(f"ludic-fast {command}: resumed at step {trainer.step_idx}", flush=True)
@@ -243,7 +243,7 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
     if stop.requested:
         saved = ["metrics.jsonl", "summary.json", "model/"] + (["curves.png"] if "png" in summary else [])
         ckpt_dir = None if args.checkpoint_every <= 0 else CheckpointManager(ckpt).resolve()
-        line = train_cli.stopped_line(command, stop, args.preset, trainer.step_idx, ckpt_dir, saved)
+        line = run_setup.stopped_line(command, stop, args.preset, trainer.step_idx, ckpt_dir, saved)
         print(line, file=sys.stderr, flush=True)
         return stop.exit_code
     print(f"\n{args.preset}: {summary['metric']} first-{summary['n']} mean {summary['first']:.4f}, last-"
@@ -253,9 +253,7 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
 
 def engine_config(args: argparse.Namespace, tok: Any) -> TrainerConfig:
     """The engine's settings of the trainer flags for an offline preset (`--offline-steps` optimizer steps)."""
-    from ludic_fast import train_cli
-
-    return train_cli.trainer_config(args, tok, lr=args.lr, steps=args.offline_steps, sync=0)
+    return run_setup.trainer_config(args, tok, lr=args.lr, steps=args.offline_steps, sync=0)
 
 
 def save_trained(path: Path, model: torch.nn.Module, tok: Any, objective: Any) -> None:

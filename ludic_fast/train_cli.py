@@ -53,8 +53,6 @@ from ludic_fast.engine.guard import NonFiniteError
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.loggers import (
     JSONLLogger,
-    PrintLogger,
-    RichLiveLogger,
     TeeLogger,
     WandbLogger,
     keep_jsonl_records,
@@ -77,10 +75,21 @@ from ludic_fast.rollout import (
     resolve_chat_template,
     sft_item,
 )
+from ludic_fast.run_setup import (
+    build_console_logger,
+    build_model_and_tokenizer,
+    build_tokenizer,
+    check_resume,
+    checkpoint_config,
+    default_output_dir,
+    lora_config,
+    stopped_line,
+    trainer_config,
+)
 from ludic_fast.run_warnings import LearningSignalMonitor, console_notifier
 from ludic_fast.stats import default_reducers
-from ludic_fast.train_recipe import add_recipe_arguments, apply_recipe, profile_default_help, recipe_trainer_kwargs
-from ludic_fast.trainer import Trainer, TrainerConfig
+from ludic_fast.train_recipe import add_recipe_arguments, apply_recipe, profile_default_help
+from ludic_fast.trainer import Trainer
 
 #: presets by name; the group-based ones receive --group-size.
 PRESETS = {
@@ -188,38 +197,6 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------------------- building
-def build_tokenizer(args: argparse.Namespace) -> Any:
-    """The embedded character tokenizer, or `--tokenizer` / `--model`'s from transformers."""
-    if args.model == "embedded" and not args.tokenizer:
-        from ludic_fast.embedded import build_char_tokenizer
-
-        return build_char_tokenizer()
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-
-
-def build_model_and_tokenizer(args: argparse.Namespace, tok: Any = None) -> tuple[torch.nn.Module, Any]:
-    tok = build_tokenizer(args) if tok is None else tok
-    if args.model == "embedded":
-        from ludic_fast.embedded import build_tiny_model
-
-        model = build_tiny_model(
-            len(tok),
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-            bos_token_id=tok.bos_token_id,
-            seed=args.seed,
-            attn_implementation=args.attn,
-        )
-        return model, tok
-    from transformers import AutoModelForCausalLM
-
-    # fp32 master weights under every --dtype: bf16/fp16 autocast the forward (train_recipe)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation=args.attn)
-    return model, tok
-
-
 def eval_on_train(args: argparse.Namespace) -> bool:
     """--eval-on-train, defaulting to on for the embedded task and off for a JSONL task."""
     return args.eval_on_train if args.eval_on_train is not None else args.task == "embedded"
@@ -312,79 +289,11 @@ def _engine_arg(text: str) -> tuple[str, Any]:
         return key, value
 
 
-def build_console_logger(kind: str) -> Any:
-    if kind == "none":
-        return None
-    if kind == "rich" or (kind == "auto" and sys.stdout.isatty()):
-        return RichLiveLogger(
-            keys=[
-                "train/loss",
-                "train/avg_total_reward",
-                "train/grad_norm",
-                "train/skipped_steps",
-                "train/lr",
-                "train/ratio_mean",
-                "train/clip_frac",
-                "train/avg_completion_length",
-            ]
-        )
-    return PrintLogger(
-        keys=[
-            "train/loss",
-            "train/avg_total_reward",
-            "train/grad_norm",
-            "train/skipped_steps",
-            "eval/reward",
-            "perf/step_time_s",
-        ],
-        max_items_per_line=8,
-    )
-
-
-def _lora_config(args: argparse.Namespace) -> Any:
-    if args.lora_r <= 0:
-        return None
-    from peft import LoraConfig
-
-    return LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules="all-linear", lora_dropout=0.0)
-
-
 def _memory_budget(text: str) -> int:
     try:
         return parse_memory_budget(text, "--memory-budget")
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def trainer_config(args: argparse.Namespace, tok: Any, *, lr: float, steps: int, sync: int) -> TrainerConfig:
-    """The TrainerConfig of the parsed `ludic-fast train` flags for one phase (learning rate, step count,
-    sync_every_steps); `tok` is the pad token id."""
-    return TrainerConfig(
-        model_device=args.device,
-        lr=lr,
-        weight_decay=args.weight_decay,
-        max_grad_norm=args.max_grad_norm,
-        max_seq_len=args.max_seq_len,
-        micro_token_budget=args.micro_token_budget,
-        sync_every_steps=sync,
-        pad_token_id=tok,
-        lr_scheduler=args.lr_scheduler,
-        warmup_steps=args.warmup_steps,
-        total_steps=max(steps, 1),
-        gradient_checkpointing=args.gradient_checkpointing,
-        memory_budget=args.memory_budget,
-        temperature=args.temperature if args.temperature > 0 else 1.0,
-        max_lag=args.max_lag,
-        **recipe_trainer_kwargs(args),
-    )
-
-
-def _checkpoint_config(args: argparse.Namespace, phase: str) -> CheckpointConfig | None:
-    if args.checkpoint_every <= 0 and not args.resume:
-        return None
-    return CheckpointConfig(
-        str(Path(args.output_dir) / phase), every_n_steps=args.checkpoint_every, max_to_keep=args.max_to_keep
-    )
 
 
 def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: PromptAnswerTask, logger: Any,
@@ -397,7 +306,7 @@ def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: Pr
         chat = resolve_chat_template(tok, args.chat_template)
         items = [sft_item(tok, s["prompt"], s["answer"], chat_template=chat) for s in task.samples]
         source = OfflineBatchSource(items, batch_size=args.sft_batch_size, seed=args.seed)
-    ckpt = _checkpoint_config(args, "sft")
+    ckpt = checkpoint_config(args, "sft")
     resume = args.resume and ckpt is not None and CheckpointManager(ckpt).resolve() is not None
     trainer = Trainer(
         model=model,
@@ -407,7 +316,7 @@ def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: Pr
         checkpoint_config=ckpt,
         resume_from="latest" if resume else None,
         train_logger=logger,
-        lora_config=_lora_config(args),
+        lora_config=lora_config(args),
     )
     print(f"sft: {trainer.memory_estimate.format()}", flush=True)
     trainer.train_sync(max(0, args.sft_steps - trainer.step_idx), stop=stop)
@@ -472,11 +381,11 @@ def run_rl(
         cfg=cfg,
         publisher=engine,
         evaluator=evaluator,
-        checkpoint_config=_checkpoint_config(args, "rl"),
+        checkpoint_config=checkpoint_config(args, "rl"),
         resume_from="latest" if resume else None,
         train_logger=logger,
         reducers=default_reducers(),
-        lora_config=None if hasattr(model, "peft_config") else _lora_config(args),  # SFT may have wrapped it
+        lora_config=None if hasattr(model, "peft_config") else lora_config(args),  # SFT may have wrapped it
     )
     print(f"rl: {trainer.memory_estimate.format()}", flush=True)
     trainer.push_weights()  # the engine samples the first batch with the trained (SFT's) weights, not --model's
@@ -512,14 +421,6 @@ def summary_line(summary: dict[str, Any], n: int = 10) -> str:
             f"{summary[f'last{n}_mean']:.3f} (gain {summary['gain']:+.3f})"
         )
     return f"{reward}; {summary['wall_time_s']:.3g} s; curves: {summary.get('png', '-')}"
-
-
-def default_output_dir(args: argparse.Namespace, command: str) -> str:
-    """runs/demo for `demo`; runs/<task>-<preset>-<YYYYmmdd-HHMMSS> for `train`."""
-    if command == "demo":
-        return "runs/demo"
-    task = "addition" if args.task == "embedded" else Path(args.task).stem
-    return f"runs/{task}-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def prepare(args: argparse.Namespace, command: str) -> tuple[Any, PromptAnswerTask]:
@@ -567,30 +468,6 @@ def _header(args: argparse.Namespace, command: str, task: PromptAnswerTask) -> s
 def _set_phase(console: Any, phase: str, total: int) -> None:
     if console is not None and hasattr(console, "set_phase"):
         console.set_phase(phase, total)
-
-
-def check_resume(args: argparse.Namespace, phases: tuple[str, ...]) -> int | None:
-    """With --resume, the step of the newest checkpoint under --output-dir/<phase> for the first phase that has
-    one (a UsageError when none has); None without --resume."""
-    if not args.resume:
-        return None
-    out = Path(args.output_dir)
-    for phase in phases:
-        step = CheckpointManager(CheckpointConfig(str(out / phase))).latest_step()
-        if step is not None:
-            return step
-    where = " or ".join(f"{out / phase}" for phase in phases)
-    raise UsageError(f"--resume: no checkpoint under {where} (was the run started with --checkpoint-every N?)")
-
-
-def stopped_line(command: str, stop: StopOnSignal, phase: str, step: int, checkpoint: Path | None,
-                 saved: list[str]) -> str:
-    """The one line of a run stopped on request: what was saved and how to resume."""
-    if checkpoint is not None:
-        resume = f"checkpoint {checkpoint}; resume: the same `ludic-fast {command}` command with --resume"
-    else:
-        resume = "no checkpoint (--checkpoint-every 0): a rerun starts over"
-    return f"stopped by {stop.signal_name} after {phase} step {step}: saved {', '.join(saved)}, {resume}"
 
 
 def _finish(args: argparse.Namespace, command: str, out: Path, t0: float, rl: Trainer | None) -> dict[str, Any]:

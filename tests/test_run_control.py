@@ -10,7 +10,7 @@ import json
 import pytest
 from _trainer_fixtures import ListSource, make_items, tiny_model
 
-from ludic_fast import train_cli
+from ludic_fast import run_setup, train_cli
 from ludic_fast.algorithm import RLAlgorithm, make_cispo, make_sft
 from ludic_fast.credit import ConstantCredit
 from ludic_fast.engine.guard import NonFiniteError
@@ -102,6 +102,7 @@ def test_output_dir_that_cannot_be_written_is_refused_before_building(tmp_path, 
         raise AssertionError("a model was built")
 
     monkeypatch.setattr(train_cli, "build_model_and_tokenizer", no_model)
+    monkeypatch.setattr(run_setup, "build_model_and_tokenizer", no_model)
     blocker = tmp_path / "file"
     blocker.write_text("x")
     flags = FAST if preset == "cispo" else COMMON
