@@ -12,9 +12,9 @@ q = e^U:
                        dD/dz_s = (1-β) p (S - log m - Σ p (S - log m))
 
 Every term of zero mass (a column of -inf) is exactly 0 (0 log 0 = 0); D is stored clamped at 0 (NaN kept);
-a reverse-KL row of D = +inf (student mass where the teacher has none) gets a NaN gradient, an ignored row
-(weight 0) a zero one. HARD: with target y >= 0, loss = (1 - a) D + a CE, CE = lse(u_s) - u_{s,y}, and
-dloss/dz_s = (1 - a) dD/dz_s + a T (softmax(u_s) - 1[j = y]).
+a reverse-KL row of D = +inf (student mass where the teacher has none) gets a NaN gradient; a row of weight
+0 (an ignored token) a zero one, whatever its values. HARD: with target y >= 0, loss = (1 - a) D + a CE,
+CE = lse(u_s) - u_{s,y}, and dloss/dz_s = (1 - a) dD/dz_s + a T (softmax(u_s) - 1[j = y]).
 `loss [n]` gets the per-row loss; with ENTROPY, `ent [n]` the student's entropy H = log σ - τ / σ relative
 to the running maximum m (σ = Σ e^{z_s - m} = 1 + tail, the maximum's own 1 kept apart and log σ taken as
 log1p(tail); τ = Σ e^{z_s - m} (z_s - m)), so a confident row's small H keeps a small relative error.
@@ -186,8 +186,8 @@ def divergence_rows_kernel(
     if GRAD:
         w = tl.load(w_ptr + row)
         row_factor = w * inv_t * SCALE
-        if KIND == 1:  # an ignored row's gradient is 0; one of D = +inf has none
-            row_factor = tl.where(w == 0.0, 0.0, tl.where(div == float("inf"), float("nan"), row_factor))
+        if KIND == 1:  # a row of D = +inf has no gradient
+            row_factor = tl.where(div == float("inf"), float("nan"), row_factor)
         for v0 in range(0, n_cols, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V)
             ok = cols < n_cols
@@ -208,9 +208,7 @@ def divergence_rows_kernel(
             d = d * row_factor
             if HAS_SOFTCAP:
                 d = d * (1.0 - th * th)
-            if KIND == 1:
-                d = tl.where(w == 0.0, 0.0, d)
-            tl.store(s_row + cols, d, mask=ok)
+            tl.store(s_row + cols, tl.where(w == 0.0, 0.0, d), mask=ok)  # an ignored row: 0, even from NaN
 
 
 def launch_divergence_rows(s, t, bs, bt, tgt, w, inv_t, loss, beta: float, hard: float, kind: int, grad: bool,

@@ -130,11 +130,10 @@ def _triton_chunk(spec: _Spec, h_c: Tensor, Ws: Tensor, bs: Tensor | None, teach
     return loss, (zs if token_w is not None else None), ent
 
 
-def _weighted_(spec: _Spec, d_raw: Tensor, w: Tensor) -> Tensor:
-    """d_raw w per row; a reverse-KL row of weight 0 (an ignored token) is 0 even where its divergence is
-    +inf (whose gradient is NaN)."""
-    d_raw.mul_(w.to(d_raw.dtype)[:, None])
-    return d_raw.masked_fill_((w == 0)[:, None], 0.0) if spec.kind == "reverse_kl" else d_raw
+def _weighted_(d_raw: Tensor, w: Tensor) -> Tensor:
+    """d_raw w per row; a row of weight 0 (an ignored token) is 0 even where its gradient is NaN (a
+    +inf reverse KL, a bad per-token temperature)."""
+    return d_raw.mul_(w.to(d_raw.dtype)[:, None]).masked_fill_((w == 0)[:, None], 0.0)
 
 
 def _reduce(losses: Tensor, valid: Tensor, reduction: str) -> Tensor:
@@ -169,7 +168,7 @@ def _sweep(spec: _Spec, hs, Ws, bs, teacher: Teacher, tgt, token_w, grads) -> tu
             zs = spec.transform.apply_(raw_logits(h_c, Ws, bs, acc), rows)
             factor = None if grads is None else spec.transform.chain_factor(zs, rows)
             loss, dz, ent = _chunk(spec, zs, teacher, rows, t_c, grads is not None)
-            d_raw = None if dz is None else _weighted_(spec, spec.transform.backprop_(dz, factor, rows), token_w[rows])
+            d_raw = None if dz is None else _weighted_(spec.transform.backprop_(dz, factor, rows), token_w[rows])
         losses[rows] = loss
         if ent is not None:
             ents[rows] = ent
@@ -204,7 +203,7 @@ class LinearDivergenceFunction(torch.autograd.Function):
             losses, ents = _sweep(spec, hs, Ws, bs, teacher, tgt, _weights(valid, reduction), grads)
             ctx.save_for_backward(*grads)
         ctx.used = False
-        ents = losses.new_zeros(0) if ents is None else ents * valid
+        ents = losses.new_zeros(0) if ents is None else torch.where(valid > 0, ents, 0.0)
         ctx.mark_non_differentiable(ents)
         return _reduce(losses, valid, reduction), ents
 

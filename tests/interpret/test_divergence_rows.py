@@ -255,3 +255,13 @@ def test_bad_per_token_temperature_gives_nan_not_a_number(backend, kind):
     assert out.cpu()[~good].isnan().all() and ent.cpu()[~good].isnan().all()
     torch.testing.assert_close(out[good.to(DEVICE)], ref[good.to(DEVICE)], rtol=1e-6, atol=0.0)
     torch.testing.assert_close(ent[good.to(DEVICE)], ref_h[good.to(DEVICE)], rtol=1e-6, atol=0.0)
+    # the same tokens ignored: they count for nothing, gradients included (finite, as with temperature 1 there)
+    tgt = torch.where(good, 0, -100).to(DEVICE)
+    kw = dict(kind=kind, backend=backend, return_entropy=True)
+    out, ent = linear_divergence(hs, Ws, ht, Wt, tgt, temperature=temp.to(DEVICE), **kw)
+    ref, _ = linear_divergence(hs, Ws, ht, Wt, tgt, **kw)
+    assert (ent.cpu()[~good] == 0).all()
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=0.0)
+    for a, b in zip(torch.autograd.grad(out, (hs, Ws)), torch.autograd.grad(ref, (hs, Ws))):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
