@@ -5,6 +5,7 @@ the default output directory, the `--resume` check and the line a run stopped by
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,15 @@ from ludic_fast.engine.config import TrainerConfig
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.loggers import PrintLogger, RichLiveLogger
 from ludic_fast.train_recipe import recipe_trainer_kwargs
+
+
+def check_single_process() -> None:
+    """`ludic-fast train` runs one process: under torchrun (WORLD_SIZE > 1) every rank would train the whole run
+    on its own, so it is refused (data-parallel training: wrap the model in DDP / FSDP2 and run `Trainer`)."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.isdigit() and int(world) > 1:
+        raise UsageError(f"ludic-fast train runs one process (WORLD_SIZE={world}): for DDP / FSDP2 wrap the model "
+                         "and run ludic_fast.trainer.Trainer on each rank (docs/trainer.md)")
 
 
 def build_tokenizer(args: argparse.Namespace) -> Any:
@@ -152,5 +162,15 @@ def stopped_line(command: str, stop: StopOnSignal, phase: str, step: int, checkp
     return f"stopped by {stop.signal_name} after {phase} step {step}: saved {', '.join(saved)}, {resume}"
 
 
-__all__ = ["build_tokenizer", "build_model_and_tokenizer", "build_console_logger", "lora_config", "trainer_config",
-           "checkpoint_config", "default_output_dir", "check_resume", "stopped_line"]
+__all__ = [
+    "check_single_process",
+    "build_tokenizer",
+    "build_model_and_tokenizer",
+    "build_console_logger",
+    "lora_config",
+    "trainer_config",
+    "checkpoint_config",
+    "default_output_dir",
+    "check_resume",
+    "stopped_line",
+]

@@ -80,6 +80,7 @@ from ludic_fast.run_setup import (
     build_model_and_tokenizer,
     build_tokenizer,
     check_resume,
+    check_single_process,
     checkpoint_config,
     default_output_dir,
     lora_config,
@@ -502,6 +503,7 @@ def main(argv: list[str]) -> int:
     parser = build_parser(f"ludic-fast {command}")
     args = parser.parse_args(rest)
     try:
+        check_single_process()
         check_flag_scope(parser, args, OFFLINE_PRESETS)
     except UsageError as exc:
         print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)

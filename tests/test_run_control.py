@@ -132,3 +132,12 @@ def test_resumed_run_files_equal_the_uninterrupted_run(tmp_path):
     for s in summaries:
         del s["wall_time_s"], s["metrics"]
     assert summaries[0] == summaries[1] and len(summaries[0]["reward_curve"]) == 4
+
+
+def test_torchrun_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """Under torchrun every rank would train the whole run alone (before: it did, silently)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert train_cli.main(["train", *FAST, "--output-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("ludic-fast train: error: ludic-fast train runs one process (WORLD_SIZE")
+    assert not (tmp_path / "x").exists()
