@@ -89,7 +89,7 @@ class _RowEpilogue:
         self.m = shift = finite_or_zero(m)
         if self.mode == "exp":
             self.s = s = z.sub_(shift[:, None]).exp_().sum(1)
-            return stats_from_sums(m, s - 1.0, s, zy, with_entropy=False)
+            return stats_from_sums(m, s - 1.0, torch.zeros_like(s), zy, with_entropy=False)
         rel = self.head.floor_(z.sub_(shift[:, None]) if self.mode == "relative" else z.sub(shift[:, None]))
         e = rel.exp().scatter_(1, arg[:, None], 0.0)  # the tail: the maximum's own e^0 = 1 left out
         return stats_from_sums(m, e.sum(1), torch.linalg.vecdot(e, rel), zy, with_entropy=True)
