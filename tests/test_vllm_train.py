@@ -38,15 +38,32 @@ def test_train_with_vllm_engine_starts_on_policy_and_gains_reward(tmp_path):
     assert summary["gain"] is not None and summary["gain"] >= 0.05, summary
 
 
+def _saved_model_and_jsonl_task(tmp_path):
+    """A model directory (the embedded tiny Llama and its tokenizer, saved) and a JSONL task of sums."""
+    from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    model_dir = tmp_path / "model"
+    build_tiny_model(len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    task = tmp_path / "sums.jsonl"
+    task.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                            for a in range(8) for b in range(5)))
+    return model_dir, task
+
+
 def test_train_with_a_vllm_server_started_by_the_run_stays_on_policy(tmp_path):
-    """--engine vllm-server: the run starts vLLM's OpenAI server and pushes the weights through its update path
-    before the first batch and after every step (ratio 1 at each step), then stops the server."""
+    """--engine vllm-server on a saved model directory and a JSONL task: the run starts vLLM's OpenAI server on
+    the directory's checkpoint, pushes the SFT'd weights through its update path before the first batch and
+    after every step (ratio 1 at each step), then stops the server."""
     needs_vllm()
     out = tmp_path / "run"
+    model_dir, task = _saved_model_and_jsonl_task(tmp_path)
     cmd = [
         sys.executable, "-m", "ludic_fast.cli", "train", "--engine", "vllm-server", "--vllm-arg", "enforce_eager=true",
         "--vllm-arg", f"kv_cache_memory_bytes={64 << 20}", "--output-dir", str(out), "--logger", "print",
         "--no-plot", "--sft-steps", "20", "--rl-steps", "3", "--prompts-per-batch", "8", "--eval-every", "0",
+        "--model", str(model_dir), "--task", str(task), "--reward", "exact", "--max-new-tokens", "8",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
