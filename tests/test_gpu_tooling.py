@@ -54,6 +54,10 @@ def test_session_plan_fits_the_calls_and_orders_the_stages():
                         "head,cispo"]
 
 
+def test_the_budget_table_in_the_docs_is_the_plans():
+    assert _plan().budget_table() in (ROOT / "docs" / "kernels.md").read_text()
+
+
 def _plan():
     sys.path.insert(0, str(ROOT / "bench"))
     try:
