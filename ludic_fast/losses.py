@@ -10,7 +10,8 @@ Calling conventions, all returning `(loss, stats)` with detached 0-d stats and n
     loss_fn.compute(logits, batch)                  # Ludic's signature
 
 Position t of hidden/logits scores token t+1; only action positions (action_mask[t+1] > 0, same sequence)
-enter the head. Notation as Ludic's losses (github.com/joanvelja/ludic): M_t the action-mask value, n_b =
+enter the head (a negative action_mask entry makes the loss and its gradients NaN rather than being dropped).
+Notation as Ludic's losses (github.com/joanvelja/ludic): M_t the action-mask value, n_b =
 max(1, sum_t M_t) per sequence, S the number of sequences, L_b = sum_t M_t lp_t (/ n_b when
 length_normalize), O_b = batch[old_logp_key] (/ n_b), r_t = exp(lp_t - actor_logp_t), A from
 batch['weight'] [S] (or per token from batch['advantages']). `mean_b` averages over all S sequences.
@@ -138,10 +139,11 @@ class HeadLoss:
         if (hidden is None) == (logits is None):
             raise ValueError("pass exactly one of hidden= (with weight=) or logits=")
         tb = TokenBatch.from_batch(batch)
+        guard = _mask_guard(batch)
         if logits is not None:
             lp, H = _logits_rows(logits, tb, self.needs_entropy)
             loss, stats = self.objective(lp, H, tb, True)
-            return loss, _detach(stats)
+            return loss * guard, _detach(stats)
         h, temp = _hidden_rows(hidden, weight, tb), _rows_of(temperature, tb)
         if not fused:  # linear_logprobs validates its inputs
             out = linear_logprobs(
@@ -150,7 +152,7 @@ class HeadLoss:
                 memory_budget=memory_budget,
             )
             loss, stats = self.objective(out.logprobs, out.entropy, tb, True)
-            return loss, _detach(stats)
+            return loss * guard, _detach(stats)
         validate_head_inputs(h, weight, tb.targets, bias, logit_scale, softcap, temp, -100)
         transform = HeadTransform.build(logit_scale, softcap, temp, tb.n, h.device)
 
@@ -164,8 +166,16 @@ class HeadLoss:
         loss, lp, H = fused_head_loss(h, weight, bias, tb.targets, plan)
         with torch.no_grad():
             _, stats = self.objective(lp, H, tb, True)
-        stats["loss"] = loss
+        stats["loss"] = loss = loss * guard
         return loss, _detach(stats)
+
+
+def _mask_guard(batch: Batch) -> Tensor:
+    """1, or NaN when batch['action_mask'] has a negative entry (which action selection, `> 0`, would drop
+    silently): the loss is multiplied by it, so such a batch gives a NaN loss and NaN gradients, checked on
+    the device without a host sync."""
+    mask = batch["action_mask"]
+    return torch.where((mask < 0).any(), math.nan, 1.0).to(mask.device)
 
 
 def _logits_rows(logits: Tensor, tb: TokenBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:

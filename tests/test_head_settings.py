@@ -103,3 +103,23 @@ def test_zvp_direction_outside_its_values_is_not_read_by_its_sign(direction, pat
         loss, _ = loss_fn(batch, hidden=h, weight=W, bias=b, fused=path == "fused")
     assert bool(torch.isnan(loss))
     _raises(ValueError, "zvp_direction", lambda: R.ZVPCISPOLoss()(batch, logits=R.head_logits(h, W, b)))
+
+
+@pytest.mark.parametrize("path", ["fused", "generic", "logits"])
+def test_negative_action_mask_is_not_dropped_silently(path):
+    """A negative action_mask entry (action selection reads `> 0`) makes the loss and its gradients NaN (no
+    host sync in the loss); a valid mask keeps them finite."""
+    batch, h, W, b = make_batch(0)
+    for bad in (False, True):
+        if bad:
+            batch["action_mask"][1, 4] = -1.0
+        loss_fn = L.CISPOLoss(entropy_coeff=0.01)
+        if path == "logits":
+            leaves = (h,)
+            loss, _ = loss_fn(batch, logits=R.head_logits(h, W, b))
+        else:
+            leaves = (h, W, b)
+            loss, _ = loss_fn(batch, hidden=h, weight=W, bias=b, fused=path == "fused")
+        grads = torch.autograd.grad(loss, leaves)
+        assert bool(torch.isnan(loss)) == bad
+        assert all(bool(torch.isnan(g).any()) == bad for g in grads)
