@@ -15,7 +15,7 @@ from ludic_fast.cli_validation import UsageError
 #: flags of the RL presets (rollouts, the SFT warm-up, evaluation on a task)
 RL_ONLY = ("task", "eval_task", "eval_holdout", "eval_on_train", "reward", "sft_steps", "sft_batch_size", "sft_lr",
            "sft_data", "rl_steps", "prompts_per_batch", "group_size", "temperature", "dynamic_sampling",
-           "max_rounds", "tie_jitter", "engine", "vllm_arg", "max_lag", "eval_every")
+           "max_rounds", "tie_jitter", "engine", "vllm_arg", "vllm_url", "max_lag", "eval_every")
 #: flags of the offline presets, and the presets (of those) that read them
 OFFLINE_ONLY = {
     "offline_steps": None,

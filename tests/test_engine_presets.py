@@ -105,6 +105,7 @@ def test_token_budget_split_keeps_the_step_mean(preset):
 @pytest.mark.parametrize(("preset", "flag"), [("dpo", ["--group-size", "4"]), ("dpo", ["--rl-steps", "3"]),
                                                ("reward", ["--beta", "0.2"]), ("dpo", ["--teacher-steps", "3"]),
                                                ("reward", ["--backend", "torch"]),
+                                               ("kto", ["--vllm-url", "http://localhost:8000"]),
                                                ("cispo", ["--offline-steps", "3"])])
 def test_a_flag_the_preset_cannot_use_is_refused(tmp_path, capsys, preset, flag):
     assert main(["train", "--preset", preset, *flag, "--output-dir", str(tmp_path / "x")]) == 2
