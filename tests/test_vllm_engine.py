@@ -203,6 +203,22 @@ def test_a_push_with_unknown_or_missing_names_is_refused_before_anything_loads(s
     assert _max_logprob_diff(model, engine.generate(prompts[:8], sampling, seed=1), 1.0) < FP32_LOGPROB_TOL
 
 
+def test_checkpoint_names_leave_out_a_tied_lm_head(tmp_path):
+    from safetensors.torch import save_file
+
+    from ludic_fast.rollout.vllm_engine import checkpoint_tensor_names
+
+    tensors = {"model.embed_tokens.weight": torch.zeros(2, 2), "lm_head.weight": torch.zeros(2, 2)}
+    save_file(tensors, tmp_path / "model.safetensors")
+    assert checkpoint_tensor_names(str(tmp_path)) == set(tensors)
+    (tmp_path / "config.json").write_text('{"tie_word_embeddings": true}')
+    assert checkpoint_tensor_names(str(tmp_path)) == {"model.embed_tokens.weight"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="no safetensors checkpoint"):
+        checkpoint_tensor_names(str(empty))
+
+
 def test_push_name_checks_and_request_seeds_without_an_engine():
     names = frozenset({"model.norm.weight", "lm_head.weight"})
     check_push_names({"model.norm.weight", "lm_head.weight"}, names)

@@ -69,23 +69,29 @@ def map_weights_for_vllm(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 
 def checkpoint_tensor_names(model: str) -> frozenset[str]:
-    """The tensor names of a safetensors checkpoint: a local directory, or a Hub name (its cached snapshot)."""
+    """The tensor names a push must carry: those of a safetensors checkpoint (a local directory, or a Hub name's
+    snapshot), less `lm_head.weight` when config.json ties it to the embeddings (the trainer's parameters name
+    a tied tensor once, as the embedding)."""
     path = Path(model)
     if not path.is_dir():
         from huggingface_hub import snapshot_download
 
-        path = Path(snapshot_download(model, allow_patterns=["*.safetensors", "*.safetensors.index.json"]))
+        path = Path(snapshot_download(model, allow_patterns=["*.safetensors", "*.safetensors.index.json", "*.json"]))
     index = sorted(path.glob("*.safetensors.index.json"))
-    if index:
-        return frozenset(json.loads(index[0].read_text(encoding="utf-8"))["weight_map"])
-    from safetensors import safe_open
-
     names: set[str] = set()
-    for shard in sorted(path.glob("*.safetensors")):
-        with safe_open(str(shard), framework="pt") as f:
-            names.update(f.keys())
+    if index:
+        names.update(json.loads(index[0].read_text(encoding="utf-8"))["weight_map"])
+    else:
+        from safetensors import safe_open
+
+        for shard in sorted(path.glob("*.safetensors")):
+            with safe_open(str(shard), framework="pt") as f:
+                names.update(f.keys())
     if not names:
         raise ValueError(f"model: no safetensors checkpoint in {path} (VLLMEngine checks pushes against its names)")
+    config = path / "config.json"
+    if config.is_file() and json.loads(config.read_text(encoding="utf-8")).get("tie_word_embeddings"):
+        names.discard("lm_head.weight")
     return frozenset(names)
 
 
