@@ -8,6 +8,8 @@
 #               into a CPU test fails here ("Torch not compiled with CUDA enabled"); not part of make test
 #   make test-oldest   the unit and interpreter suites in .venv-oldest, on the oldest versions the requirements
 #               admit (tests/constraints-oldest.txt; not part of make test)
+#   make test-newest   the same suites in .venv-newest, on the newest releases the requirements admit (torch from
+#               PyPI: a CUDA build, several GB; no machine-wide pip constraints; not part of make test)
 #   make docs   regenerates docs/api.md from the docstrings (tests/test_docs.py checks every link in the docs
 #               and that docs/api.md is up to date)
 # On a CUDA machine, with its own python (GPU_PY, default python3) and its torch and triton:
@@ -28,9 +30,15 @@ OLDEST_VENV  ?= .venv-oldest
 OLDEST_PY    := $(OLDEST_VENV)/bin/python
 OLDEST_STAMP := $(OLDEST_VENV)/.installed-stamp
 
+NEWEST_VENV  ?= .venv-newest
+NEWEST_PY    := $(NEWEST_VENV)/bin/python
+NEWEST_STAMP := $(NEWEST_VENV)/.installed-stamp
+# pip without its configuration files: a machine-wide constraints file (a cap on torch) does not apply
+NEWEST_PIP   := PIP_CONFIG_FILE=/dev/null $(NEWEST_PY) -m pip
+
 GPU_PY ?= python3
 
-.PHONY: demo test test-pretend-cuda test-oldest test-gpu bench-e2e-gpu lint docs bench clean
+.PHONY: demo test test-pretend-cuda test-oldest test-newest test-gpu bench-e2e-gpu lint docs bench clean
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -67,14 +75,22 @@ $(OLDEST_STAMP): pyproject.toml setup.py tests/constraints-oldest.txt
 	$(OLDEST_PY) -m pip check
 	touch $(OLDEST_STAMP)
 
+# every extra the tests exercise, each package at the newest release the requirements admit
+$(NEWEST_STAMP): pyproject.toml setup.py
+	test -x $(NEWEST_PY) || python3 -m venv $(NEWEST_VENV)
+	$(NEWEST_PIP) install -q --upgrade pip
+	$(NEWEST_PIP) install -q --upgrade --upgrade-strategy eager -e ".[dev,bench,trl,lora,redis,liger]"
+	$(NEWEST_PIP) check
+	touch $(NEWEST_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/ludic-fast demo
 
 test: $(STAMP) $(VERL_STAMP) $(VLLM_STAMP)
-	$(PY) -m pytest -q -rs tests --ignore=tests/interpret
-	if [ -d tests/interpret ]; then TRITON_INTERPRET=1 $(PY) -m pytest -q -rs tests/interpret; fi
-	LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q -rs tests/test_integration_verl.py
-	LUDIC_FAST_REQUIRE_VLLM=$$(test -e $(VLLM_VENV)/no-vllm && echo 0 || echo 1) $(VLLM_PY) -m pytest -q -rs tests/test_vllm*.py
+	$(PY) -m pytest -q -rfEs tests --ignore=tests/interpret
+	if [ -d tests/interpret ]; then TRITON_INTERPRET=1 $(PY) -m pytest -q -rfEs tests/interpret; fi
+	LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q -rfEs tests/test_integration_verl.py
+	LUDIC_FAST_REQUIRE_VLLM=$$(test -e $(VLLM_VENV)/no-vllm && echo 0 || echo 1) $(VLLM_PY) -m pytest -q -rfEs tests/test_vllm*.py
 
 test-pretend-cuda: $(STAMP)
 	LUDIC_FAST_PRETEND_CUDA=1 $(PY) -m pytest -q tests --ignore=tests/interpret
@@ -84,6 +100,11 @@ test-pretend-cuda: $(STAMP)
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST_PY) -m pytest -q tests --ignore=tests/interpret --ignore=tests/test_integration_verl.py
 	TRITON_INTERPRET=1 $(OLDEST_PY) -m pytest -q tests/interpret
+
+test-newest: $(NEWEST_STAMP)
+	$(NEWEST_PY) -m pip list 2>/dev/null | grep -iE '^(torch|triton|transformers|numpy|trl|peft|liger.kernel) '
+	$(NEWEST_PY) -m pytest -q -rfEs tests --ignore=tests/interpret --ignore=tests/test_integration_verl.py
+	TRITON_INTERPRET=1 $(NEWEST_PY) -m pytest -q -rfEs tests/interpret
 
 docs: $(STAMP)
 	$(PY) tools/gen_api.py
@@ -112,4 +133,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) $(OLDEST_VENV) build *.egg-info
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) $(OLDEST_VENV) $(NEWEST_VENV) build *.egg-info

@@ -34,9 +34,11 @@ BOOKKEEPING = ("torch._dynamo", "torch.utils._triton", "torch.optim")
 
 
 def _pretends(truthful: tuple = ()) -> bool:
-    """False when the caller of the patched function is torch's bookkeeping or runs one of the `truthful` code
-    objects, else True."""
+    """False when the caller of the patched function (past torch.accelerator's helpers, through which torch >=
+    2.15's optimizers ask) is torch's bookkeeping or runs one of the `truthful` code objects, else True."""
     caller = sys._getframe(2)
+    while caller.f_globals.get("__name__", "").startswith("torch.accelerator") and caller.f_back is not None:
+        caller = caller.f_back
     return not (caller.f_globals.get("__name__", "").startswith(BOOKKEEPING) or caller.f_code in truthful)
 
 
