@@ -42,15 +42,12 @@ def entropy(z: Tensor) -> Tensor:
     return (sigma.log() - tau / sigma).clamp_(min=0.0).to(z.dtype)
 
 
-def _rowdot(a: Tensor, b: Tensor) -> Tensor:
-    """Σ_v a b per row without an [n, V] temporary."""
-    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
-
-
-def _pdot_(p: Tensor, x: Tensor) -> Tensor:
-    """Σ_v p x per row, the terms with p = 0 exactly 0 (x may be ±inf or NaN there); x is zeroed there."""
+def _pdot_(p: Tensor, x: Tensor, out: Tensor) -> Tensor:
+    """Σ_v p x per row, the terms with p = 0 exactly 0 (x may be ±inf or NaN there; x is zeroed there). The
+    products go to `out` (a free chunk buffer, or x itself) and are summed by torch's pairwise row sum: a
+    BLAS dot of 150k terms loses ~1e-4 of a KL of 4 in fp32."""
     x.masked_fill_(p == 0, 0.0)
-    return _rowdot(p, x)
+    return torch.mul(p, x, out=out).sum(1)
 
 
 def dense_divergence(kind: str, beta: float, s: Tensor, t: Tensor,
@@ -58,23 +55,24 @@ def dense_divergence(kind: str, beta: float, s: Tensor, t: Tensor,
     """(D, dD/dz_s or None, p_s) of log-prob chunks s and t (both consumed: overwritten in place)."""
     if kind == "forward_kl":
         pt = t.exp()
-        loss = _pdot_(pt, t.sub_(s))
+        diff = t.sub_(s)
+        loss = _pdot_(pt, diff, diff)
         ps = s.exp_()
         return loss, (torch.sub(ps, pt, out=t) if want_grad else None), ps
     if kind == "reverse_kl":
         ps = s.exp()
         diff = s.sub_(t)
-        loss = _pdot_(ps, diff)
+        loss = _pdot_(ps, diff, t)
         if not want_grad:
             return loss, None, ps
         dz = diff.sub_(loss[:, None]).mul_(ps)  # diff is 0 where p_s = 0
         return loss, dz.mul_(torch.where(torch.isinf(loss), math.nan, 1.0).to(dz.dtype)[:, None]), ps
     log_m = torch.logaddexp(t + math.log(beta), s + math.log1p(-beta))
     p = t.exp()  # p_t for now
-    kl_t = _pdot_(p, t.sub_(log_m))
+    kl_t = _pdot_(p, t.sub_(log_m), t)
     ps = torch.exp(s, out=p)
     g = s.sub_(log_m)
-    kl_s = _pdot_(ps, g)  # g is 0 where p_s = 0 from here on
+    kl_s = _pdot_(ps, g, log_m)  # g is 0 where p_s = 0 from here on
     loss = beta * kl_t + (1.0 - beta) * kl_s
     return loss, (g.sub_(kl_s[:, None]).mul_(ps).mul_(1.0 - beta) if want_grad else None), ps
 
