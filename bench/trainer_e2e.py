@@ -36,8 +36,8 @@ import time
 
 import torch
 
-from ludic_fast.atomic_io import atomic_write_text
 from ludic_fast.benchmark.worker import RESULT_PREFIX, PeakMemory
+from ludic_fast.run.atomic_io import atomic_write_text
 
 PATHS = ("ours-padded", "ours-packed", "ours-padded+kernels", "ours-packed+kernels", "reference", "trl")
 SHAPES = {
@@ -120,7 +120,7 @@ def _build_model(args: argparse.Namespace):
 
 
 def _items(args: argparse.Namespace) -> list:
-    from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWItem
+    from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWItem
 
     g = torch.Generator().manual_seed(0)
     low = max(4, int(round((1 - args.length_spread) * args.seq_len)))
@@ -140,7 +140,7 @@ class _FixedSource:
         self.items = items
 
     async def next_batch(self):
-        from ludic_fast.types import SAWBatch
+        from ludic_fast.data.types import SAWBatch
 
         return SAWBatch(copy.deepcopy(self.items))
 

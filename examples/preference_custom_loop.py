@@ -17,9 +17,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ludic_fast import linear_divergence, reference
+from ludic_fast.data.pair_batching import PreferencePair, collate_completions, collate_pairs
 from ludic_fast.integrations.transformers import final_hidden_states, lm_head
 from ludic_fast.losses import DPOLoss
-from ludic_fast.pair_batching import PreferencePair, collate_completions, collate_pairs
 
 
 def tiny_llama(hidden: int, seed: int) -> LlamaForCausalLM:

@@ -15,7 +15,6 @@ import torch
 
 from ludic_fast.algorithm import make_cispo, make_sft
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
-from ludic_fast.loggers import PrintLogger
 from ludic_fast.rollout import (
     Evaluator,
     HFGenerateEngine,
@@ -24,7 +23,8 @@ from ludic_fast.rollout import (
     SamplingConfig,
     embedded_default_task,
 )
-from ludic_fast.stats import default_reducers
+from ludic_fast.run.loggers import PrintLogger
+from ludic_fast.run.stats import default_reducers
 from ludic_fast.trainer import Trainer, TrainerConfig
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from ludic_fast.train_cli import main
+from ludic_fast.cli.train import main
 
 if __name__ == "__main__":
     defaults = ["--sft-steps", "0", "--max-new-tokens", "256", "--max-seq-len", "1024", "--micro-token-budget",

@@ -4,7 +4,7 @@
 
 Items: the prompt is the chat template of all messages but the last (with the generation prompt), the
 action the last assistant message; batches are shuffled with a seed per epoch and sharded across ranks
-when torch.distributed is initialised. Checkpoints are atomic safetensors (`ludic_fast.checkpoint`).
+when torch.distributed is initialised. Checkpoints are atomic safetensors (`ludic_fast.run.checkpoint`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ludic_fast.algorithm import make_sft
-from ludic_fast.checkpoint import CheckpointConfig
-from ludic_fast.loggers import PrintLogger
 from ludic_fast.rollout import OfflineBatchSource
+from ludic_fast.run.checkpoint import CheckpointConfig
+from ludic_fast.run.loggers import PrintLogger
 from ludic_fast.trainer import Trainer, TrainerConfig
 
 

@@ -36,7 +36,7 @@ from typing import Any
 from torch import Tensor
 
 from ludic_fast import losses as L  # the loss classes of every preset come from this one import
-from ludic_fast.credit import (
+from ludic_fast.data.credit import (
     BatchNormalizedReturn,
     ConstantCredit,
     GroupNormalizedReturn,
@@ -45,8 +45,8 @@ from ludic_fast.credit import (
     SoftOverlongPunishment,
     ZVPGroupNormalizedReturn,
 )
-from ludic_fast.curriculum import NoPositiveResampling
-from ludic_fast.filters import (
+from ludic_fast.data.curriculum import NoPositiveResampling
+from ludic_fast.data.filters import (
     combine,
     compose_preprocess,
     drop_incomplete_completions,
@@ -56,7 +56,7 @@ from ludic_fast.filters import (
     filter_zero_variance_groups,
     validate_actor_logps,
 )
-from ludic_fast.types import CreditAssigner, Preprocess
+from ludic_fast.data.types import CreditAssigner, Preprocess
 
 Stats = dict[str, Any]
 

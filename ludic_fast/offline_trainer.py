@@ -20,7 +20,6 @@ from typing import Any
 
 from torch import nn
 
-from ludic_fast.checkpoint import CheckpointConfig
 from ludic_fast.engine.config import TrainerConfig
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.engine.trainer import Trainer
@@ -28,6 +27,7 @@ from ludic_fast.objectives.distill import DistillObjective
 from ludic_fast.objectives.offline import OfflineObjective
 from ludic_fast.objectives.preference import PreferenceObjective, reference_logps
 from ludic_fast.objectives.reward import RewardObjective
+from ludic_fast.run.checkpoint import CheckpointConfig
 
 #: max_length=None (no truncation) maps to this engine max_seq_len
 _UNBOUNDED_LENGTH = 1 << 20

@@ -6,7 +6,7 @@ attended position of a padded row (right padding) or the last position of a pack
 transformers' `*ForSequenceClassification`: with pad = eos, as TRL sets it when the tokenizer has no pad
 token, the reward is read at the token before the trailing eos). Rewards are float32, float64 when the
 hidden states or the value head are float64.
-Pairs use the layout of `ludic_fast.pair_batching.collate_pairs` (sequence 2i chosen, 2i+1 rejected).
+Pairs use the layout of `ludic_fast.data.pair_batching.collate_pairs` (sequence 2i chosen, 2i+1 rejected).
 
 Bradley-Terry (Bradley & Terry 1952; as a reward-model loss, Ouyang et al., arXiv 2203.02155, eq. 1):
 

@@ -17,7 +17,7 @@ from pathlib import Path
 def stall_checkpoint_write(crash_step: int) -> None:
     """In the child: the checkpoint of step `crash_step` writes part of its first safetensors file, prints
     WRITING and stalls there (the parent kills it); other checkpoints are written normally."""
-    from ludic_fast import checkpoint
+    from ludic_fast.run import checkpoint
 
     real_save_file = checkpoint.save_file
 

@@ -6,8 +6,8 @@ import random
 
 import torch
 
+from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWBatch, SAWItem
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
-from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWBatch, SAWItem
 
 TOKENIZER = build_char_tokenizer()
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,

@@ -21,8 +21,8 @@ from ludic_fast.algorithm import (
     make_scalerl,
     make_sft,
 )
-from ludic_fast.batching import collate_saw_items, saw_item_from_step
-from ludic_fast.credit import (
+from ludic_fast.data.batching import collate_saw_items, saw_item_from_step
+from ludic_fast.data.credit import (
     BatchNormalizedReturn,
     ConstantCredit,
     GroupNormalizedReturn,
@@ -30,8 +30,8 @@ from ludic_fast.credit import (
     ShapedCredit,
     ZVPGroupNormalizedReturn,
 )
-from ludic_fast.curriculum import NoPositiveResampling
-from ludic_fast.types import ActorTokenLogps, Rollout, SampleAttachments, SAWBatch, SAWItem, Step, TokenTrace
+from ludic_fast.data.curriculum import NoPositiveResampling
+from ludic_fast.data.types import ActorTokenLogps, Rollout, SampleAttachments, SAWBatch, SAWItem, Step, TokenTrace
 
 V, D = 13, 8
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from ludic_fast.atomic_io import atomic_write_json, atomic_write_text
+from ludic_fast.run.atomic_io import atomic_write_json, atomic_write_text
 
 
 def test_write_creates_parents_and_replaces(tmp_path):

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ludic_fast import losses, reference
-from ludic_fast.batching import (
+from ludic_fast.data.batching import (
     GRPORequestStrategy,
     MacroTotals,
     PaddingReport,
@@ -19,8 +19,8 @@ from ludic_fast.batching import (
     saw_item_from_step,
     split_items_by_token_budget,
 )
-from ludic_fast.credit import ZVPGroupNormalizedReturn
-from ludic_fast.types import (
+from ludic_fast.data.credit import ZVPGroupNormalizedReturn
+from ludic_fast.data.types import (
     ActorTokenLogps,
     EnvSpec,
     ProtocolSpec,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWItem
+from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWItem
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "trainer_e2e.py"
 

@@ -14,9 +14,9 @@ import torch
 from _trainer_fixtures import ListSource, make_items, tiny_model
 
 from ludic_fast.algorithm import make_cispo
+from ludic_fast.data.types import SAWBatch
 from ludic_fast.integrations.body_kernels import apply_body_kernels, body_kernel_plan, compile_body
 from ludic_fast.trainer import Trainer, TrainerConfig
-from ludic_fast.types import SAWBatch
 
 liger = pytest.importorskip("liger_kernel.transformers.monkey_patch")
 

@@ -10,7 +10,7 @@ import torch
 from _trainer_fixtures import ListSource, make_items, tiny_model
 
 from ludic_fast.algorithm import make_cispo
-from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager, optimizer_from_flat, optimizer_to_flat
+from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager, optimizer_from_flat, optimizer_to_flat
 from ludic_fast.trainer import Trainer, TrainerConfig
 
 

@@ -18,7 +18,7 @@ CHILD = textwrap.dedent(
     torch.set_num_threads(1)
     from _kill_resume import stall_checkpoint_write
     from ludic_fast.algorithm import make_scalerl
-    from ludic_fast.checkpoint import CheckpointConfig
+    from ludic_fast.run.checkpoint import CheckpointConfig
     from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
     from ludic_fast.rollout import HFGenerateEngine, RolloutBatchSource, SamplingConfig, embedded_default_task
     from ludic_fast.trainer import Trainer, TrainerConfig

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
+from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager
 
 
 class CountingMomentum(torch.optim.Optimizer):

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from ludic_fast import cli, train_cli
-from ludic_fast.loggers import read_jsonl
+from ludic_fast import cli
+from ludic_fast.cli import train as train_cli
+from ludic_fast.run.loggers import read_jsonl
 
 FAST = [
     "--sft-steps",

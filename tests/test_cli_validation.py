@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from ludic_fast import train_cli
-from ludic_fast.cli_validation import UsageError, check_pretrained
-from ludic_fast.run_warnings import LearningSignalMonitor
+from ludic_fast.cli import train as train_cli
+from ludic_fast.cli.validation import UsageError, check_pretrained
+from ludic_fast.run.warnings import LearningSignalMonitor
 
 
 def run_cli(*argv: str, cwd=None) -> subprocess.CompletedProcess:
@@ -99,7 +99,7 @@ def test_missing_optional_packages_name_the_extra(capsys, monkeypatch):
     assert "--engine vllm-server needs the optional package vllm" in line
     assert "expected KEY=VALUE" in one_line_error(capsys, ["train", "--engine", "vllm", "--vllm-arg", "8"])
     assert "pip install 'ludic-fast[lora]'" in one_line_error(capsys, ["train", "--lora-r", "4"])
-    monkeypatch.setattr("ludic_fast.cli_validation.check_pretrained", lambda *a, **k: None)  # no Hub lookup
+    monkeypatch.setattr("ludic_fast.cli.validation.check_pretrained", lambda *a, **k: None)  # no Hub lookup
     line = one_line_error(capsys, ["train", "--engine", "vllm", "--model", "some/model"])
     assert "--engine vllm needs the optional package vllm: pip install 'ludic-fast[vllm]'" in line
 
@@ -238,7 +238,7 @@ def test_trainer_counts_and_reports_batches_emptied_by_filters(caplog):
     from _trainer_fixtures import TOKENIZER, ListSource, make_items, tiny_model
 
     from ludic_fast.algorithm import make_cispo
-    from ludic_fast.loggers import TeeLogger
+    from ludic_fast.run.loggers import TeeLogger
     from ludic_fast.trainer import Trainer, TrainerConfig
 
     seen, said = [], []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ludic_fast.credit import (
+from ludic_fast.data.credit import (
     BatchNormalizedReturn,
     ConstantCredit,
     EpisodicReturn,
@@ -20,7 +20,7 @@ from ludic_fast.credit import (
     ZVPGroupNormalizedReturn,
     soft_overlong_punishment,
 )
-from ludic_fast.types import Rollout, Step, TokenTrace
+from ludic_fast.data.types import Rollout, Step, TokenTrace
 
 
 def _rollout(rewards, group=None, rid=None, completion_len=1, finish_reason=None, values=None):

@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
-from ludic_fast.atomic_io import atomic_write_json
-from ludic_fast.curriculum import NoPositiveResampling
-from ludic_fast.types import SAWBatch, SAWItem
+from ludic_fast.data.curriculum import NoPositiveResampling
+from ludic_fast.data.types import SAWBatch, SAWItem
+from ludic_fast.run.atomic_io import atomic_write_json
 
 
 def _item(prompt_id, rollout_id, total_reward, step=0):
@@ -110,7 +110,7 @@ def test_kill_during_write_never_leaves_a_half_written_file(tmp_path):
     script = textwrap.dedent(
         f"""
         import os, signal
-        from ludic_fast.curriculum import NoPositiveResampling
+        from ludic_fast.data.curriculum import NoPositiveResampling
         npr = NoPositiveResampling({str(path)!r})
         os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
         for i in range(2000):

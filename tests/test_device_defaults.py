@@ -17,15 +17,15 @@ import pytest
 import torch
 from _trainer_fixtures import ListSource, make_items, tiny_model
 
-from ludic_fast import train_cli
 from ludic_fast.algorithm import make_cispo
 from ludic_fast.benchmark import cli as bench_cli
-from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager, restore_rng, rng_tensors
+from ludic_fast.cli import train as train_cli
+from ludic_fast.cli.recipe import apply_recipe
+from ludic_fast.data.preference_data import embedded_rows, encode_rows
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
 from ludic_fast.offline_trainer import OfflineConfig, OfflineTrainer, PreferenceObjective
 from ludic_fast.preference import DPOLoss
-from ludic_fast.preference_data import embedded_rows, encode_rows
-from ludic_fast.train_recipe import apply_recipe
+from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager, restore_rng, rng_tensors
 from ludic_fast.trainer import Trainer, TrainerConfig
 
 PRETEND_DIR = Path(__file__).resolve().parent / "pretend_cuda"

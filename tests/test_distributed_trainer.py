@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from ludic_fast.algorithm import RLAlgorithm
-from ludic_fast.batching import MacroTotals
-from ludic_fast.credit import ConstantCredit
+from ludic_fast.data.batching import MacroTotals
+from ludic_fast.data.credit import ConstantCredit
+from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWBatch, SAWItem
 from ludic_fast.distributed import Rank0Publisher
 from ludic_fast.distributed.local import run_local_group
 from ludic_fast.distributed.macro import macro_totals_across_ranks
@@ -20,7 +21,6 @@ from ludic_fast.distributed.stats import reduce_stats_across_ranks
 from ludic_fast.embedded import build_tiny_model
 from ludic_fast.losses import CISPOLoss, ScaleRLLoss, TokenClippedSurrogateLoss
 from ludic_fast.trainer import Trainer, TrainerConfig
-from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWBatch, SAWItem
 
 pytestmark = pytest.mark.timeout(300)
 V = 24

@@ -50,8 +50,8 @@ def test_no_pointers_outside_the_project(path):
 
 
 def test_cli_help_stands_on_its_own_and_readme_presets_match():
-    from ludic_fast import train_cli
-    from ludic_fast.offline_cli import OFFLINE_PRESETS
+    from ludic_fast.cli import train as train_cli
+    from ludic_fast.cli.offline import OFFLINE_PRESETS
 
     text = train_cli.build_parser("ludic-fast train").format_help()
     assert not FORBIDDEN.search(text)

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from ludic_fast.filters import (
+from ludic_fast.data.filters import (
     any_of,
     apply_filter,
     combine,
@@ -20,7 +20,7 @@ from ludic_fast.filters import (
     keep_all,
     validate_actor_logps,
 )
-from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWBatch, SAWItem
+from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWBatch, SAWItem
 
 
 def _item(meta=None, weight=1.0, logps=None, action_mask=(0, 1, 1)):
@@ -103,7 +103,7 @@ def test_filter_zero_variance_groups_hand_derived(caplog):
     # hand-derived: HybridNormalizedReturn weights for A={1,0}, B={1,1}: A = ±1.414214, B = 0, 0
     items = [_g("A", 1.414214), _g("B", 0.0), _g("A", -1.414214), _g("B", 0.0), _item({}, weight=0.0)]
     batch = SAWBatch(items)
-    with caplog.at_level(logging.INFO, logger="ludic_fast.filters"):
+    with caplog.at_level(logging.INFO, logger="ludic_fast.data.filters"):
         out = filter_zero_variance_groups(batch)
     # group A regrouped first, B dropped, the ungrouped item kept last
     assert out.items == [items[0], items[2], items[4]]

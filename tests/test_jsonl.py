@@ -1,10 +1,10 @@
-"""ludic_fast.jsonl.jsonl_objects: line numbers, blank lines, and the file:line error for a bad line."""
+"""ludic_fast.data.jsonl.jsonl_objects: line numbers, blank lines, and the file:line error for a bad line."""
 
 from __future__ import annotations
 
 import pytest
 
-from ludic_fast.jsonl import jsonl_objects
+from ludic_fast.data.jsonl import jsonl_objects
 from ludic_fast.rollout.offline import OfflineBatchSource
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ludic_fast.loggers import (
+from ludic_fast.run.loggers import (
     JSONLLogger,
     PrintLogger,
     RichLiveLogger,

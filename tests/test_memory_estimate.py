@@ -7,7 +7,7 @@ import torch
 from _trainer_fixtures import ListSource, make_items, tiny_model
 
 from ludic_fast.algorithm import make_cispo
-from ludic_fast.memory_estimate import estimate_peak_memory
+from ludic_fast.engine.memory_estimate import estimate_peak_memory
 from ludic_fast.ops.plan import plan_head
 from ludic_fast.trainer import Trainer, TrainerConfig
 

@@ -8,8 +8,8 @@ import torch
 from _trainer_fixtures import ListSource, make_items, tiny_model
 
 from ludic_fast.algorithm import make_cispo
+from ludic_fast.data.types import SAWBatch
 from ludic_fast.trainer import Trainer, TrainerConfig
-from ludic_fast.types import SAWBatch
 
 
 def _trainer(items, **kw) -> Trainer:
@@ -70,7 +70,7 @@ def test_mixed_precision_dtype_validation():
 
 
 def test_fp16_loss_scale_is_checkpointed(tmp_path):
-    from ludic_fast.checkpoint import CheckpointConfig
+    from ludic_fast.run.checkpoint import CheckpointConfig
 
     items = make_items(3, seed=4)
     ckpt = CheckpointConfig(str(tmp_path), every_n_steps=0)

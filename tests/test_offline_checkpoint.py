@@ -12,7 +12,7 @@ import pytest
 import torch
 from _kill_resume import kill_mid_write_then_resume
 
-from ludic_fast.checkpoint import CheckpointConfig
+from ludic_fast.data.preference_data import embedded_rows, encode_rows
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
 from ludic_fast.offline_trainer import (
     DistillObjective,
@@ -22,7 +22,7 @@ from ludic_fast.offline_trainer import (
     RewardObjective,
 )
 from ludic_fast.preference import SimPOLoss
-from ludic_fast.preference_data import embedded_rows, encode_rows
+from ludic_fast.run.checkpoint import CheckpointConfig
 
 CHILD = textwrap.dedent(
     """
@@ -30,11 +30,11 @@ CHILD = textwrap.dedent(
     import torch
     torch.set_num_threads(1)
     from _kill_resume import stall_checkpoint_write
-    from ludic_fast.checkpoint import CheckpointConfig
+    from ludic_fast.run.checkpoint import CheckpointConfig
     from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
     from ludic_fast.offline_trainer import OfflineConfig, OfflineTrainer, PreferenceObjective
     from ludic_fast.preference import DPOLoss
-    from ludic_fast.preference_data import embedded_rows, encode_rows
+    from ludic_fast.data.preference_data import embedded_rows, encode_rows
 
     out, mode, steps, crash_step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     tok = build_char_tokenizer()
@@ -150,7 +150,7 @@ def test_non_finite_loss_skips_the_step():
 
 
 def test_cli_resume_continues_the_run(tmp_path, capsys):
-    from ludic_fast.train_cli import main
+    from ludic_fast.cli.train import main
 
     out = tmp_path / "run"
     base = ["train", "--preset", "simpo", "--pref-batch-size", "4", "--logger", "none", "--no-plot", "--device", "cpu",

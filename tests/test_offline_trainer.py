@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
+from ludic_fast.cli.train import main
+from ludic_fast.data.pair_batching import collate_pairs
+from ludic_fast.data.preference_data import embedded_rows, encode_rows, read_rows
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
 from ludic_fast.offline_trainer import OfflineConfig, OfflineTrainer, PreferenceObjective, reference_logps
-from ludic_fast.pair_batching import collate_pairs
 from ludic_fast.preference import DPOLoss, SimPOLoss
-from ludic_fast.preference_data import embedded_rows, encode_rows, read_rows
-from ludic_fast.train_cli import main
 
 
 def _run(tmp_path, preset, *extra):

@@ -17,7 +17,8 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForC
 
 from ludic_fast import reference
 from ludic_fast.algorithm import make_cispo
-from ludic_fast.batching import MacroTotals, collate_packed, collate_saw_items, group_index_of
+from ludic_fast.data.batching import MacroTotals, collate_packed, collate_saw_items, group_index_of
+from ludic_fast.data.types import SAWBatch
 from ludic_fast.embedded import build_tiny_model
 from ludic_fast.integrations.packing import (
     PackedAttention,
@@ -32,7 +33,6 @@ from ludic_fast.integrations.packing import (
 from ludic_fast.integrations.sdpa_varlen import SDPA_VARLEN
 from ludic_fast.integrations.transformers import final_hidden_states
 from ludic_fast.trainer import Trainer, TrainerConfig
-from ludic_fast.types import SAWBatch
 
 SHAPE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 WINDOW = {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0}  # Qwen2: every layer, 8 < 16

@@ -23,6 +23,7 @@ import torch
 redis = pytest.importorskip("redis", reason="needs the redis Python client")
 pytest.importorskip("msgpack", reason="needs msgpack")
 
+from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWItem  # noqa: E402
 from ludic_fast.distributed.pipeline import (  # noqa: E402
     MalformedPayloadError,
     PipelineBatchSource,
@@ -35,7 +36,6 @@ from ludic_fast.distributed.pipeline import (  # noqa: E402
 )
 from ludic_fast.distributed.publish import RedisWeightPublisher, RedisWeightSubscriber, load_into  # noqa: E402
 from ludic_fast.distributed.redis_conn import ReconnectingRedis, RedisUnreachableError  # noqa: E402
-from ludic_fast.types import ActorTokenLogps, SampleAttachments, SAWItem  # noqa: E402
 
 REDIS_SERVER = shutil.which("redis-server")
 # a regression in delivery shows up as a learner waiting forever for items: fail instead of hanging

@@ -1,5 +1,5 @@
 """The DPO loss types of TRL 1.16 (alone, combined, f-DPO, LD-DPO, WPO), CPO / AlphaPO and SimPO's NLL term
-against their plain-PyTorch twins (`ludic_fast.reference_preference`: fp32 1e-5; float64 1e-12), hand-derived
+against their plain-PyTorch twins (`ludic_fast.reference.preference`: fp32 1e-5; float64 1e-12), hand-derived
 values, the policy statistics (entropy, KL per side), validation and `make_preference_loss`."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from test_preference import CHUNKS, make_pairs
 
 from ludic_fast import preference as P
 from ludic_fast import reference as R
-from ludic_fast import reference_preference as RP
 from ludic_fast.preference.dpo_terms import LOSS_TYPES
+from ludic_fast.reference import preference as RP
 
 _SMOOTHED = {"exo_pair": 0.01, "robust": 0.1, "aot": 0.05}
 DPO_CASES = [(t, dict(loss_type=t, beta=0.7, label_smoothing=_SMOOTHED.get(t, 0.0))) for t in LOSS_TYPES]

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from ludic_fast.pair_batching import PreferencePair, collate_pairs
+from ludic_fast.data.pair_batching import PreferencePair, collate_pairs
 from ludic_fast.reward_model import BradleyTerryLoss, sequence_rewards
 
 

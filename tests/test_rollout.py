@@ -12,7 +12,7 @@ import torch
 from _trainer_fixtures import TOKENIZER, tiny_model
 
 from ludic_fast import reference
-from ludic_fast.credit import GroupNormalizedReturn
+from ludic_fast.data.credit import GroupNormalizedReturn
 from ludic_fast.integrations.transformers import final_hidden_states, lm_head
 from ludic_fast.rollout import (
     Completion,

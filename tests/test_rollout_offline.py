@@ -9,9 +9,9 @@ import json
 import pytest
 from _trainer_fixtures import TOKENIZER, make_items
 
-from ludic_fast.credit import MonteCarloReturn
+from ludic_fast.data.credit import MonteCarloReturn
+from ludic_fast.data.types import Rollout, Step, TokenTrace
 from ludic_fast.rollout import OfflineBatchSource, chat_item
-from ludic_fast.types import Rollout, Step, TokenTrace
 
 
 def _ids(batch):

@@ -10,14 +10,15 @@ import json
 import pytest
 from _trainer_fixtures import ListSource, make_items, tiny_model
 
-from ludic_fast import run_setup, train_cli
 from ludic_fast.algorithm import RLAlgorithm, make_cispo, make_sft
-from ludic_fast.credit import ConstantCredit
+from ludic_fast.cli import run_setup
+from ludic_fast.cli import train as train_cli
+from ludic_fast.data.credit import ConstantCredit
+from ludic_fast.data.types import SAWBatch
 from ludic_fast.engine.guard import NonFiniteError
-from ludic_fast.loggers import read_jsonl
 from ludic_fast.losses import CISPOLoss
+from ludic_fast.run.loggers import read_jsonl
 from ludic_fast.trainer import Trainer, TrainerConfig
-from ludic_fast.types import SAWBatch
 
 COMMON = ["--logger", "none", "--threads", "1", "--device", "cpu", "--no-plot"]
 FAST = ["--sft-steps", "2", "--prompts-per-batch", "4", "--group-size", "4", *COMMON]

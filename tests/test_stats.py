@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ludic_fast.stats import Reducer, aggregate_stats, apply_reducers_to_records, default_reducers, group_log_stats
-from ludic_fast.types import SAWBatch, SAWItem
+from ludic_fast.data.types import SAWBatch, SAWItem
+from ludic_fast.run.stats import Reducer, aggregate_stats, apply_reducers_to_records, default_reducers, group_log_stats
 
 
 def _item(**meta) -> SAWItem:

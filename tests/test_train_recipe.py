@@ -9,9 +9,9 @@ import importlib.util
 import pytest
 from test_cli import FAST
 
-from ludic_fast import train_cli
-from ludic_fast.cli_validation import UsageError
-from ludic_fast.train_recipe import PROFILES, apply_recipe, recipe_trainer_kwargs
+from ludic_fast.cli import train as train_cli
+from ludic_fast.cli.recipe import PROFILES, apply_recipe, recipe_trainer_kwargs
+from ludic_fast.cli.validation import UsageError
 
 
 def _args(*flags: str):

@@ -12,12 +12,12 @@ from _trainer_fixtures import TOKENIZER, ListSource, make_items, tiny_model
 
 from ludic_fast import reference
 from ludic_fast.algorithm import RLAlgorithm, make_cispo, make_dapo, make_scalerl, make_sft
-from ludic_fast.batching import collate_saw_items, group_index_of
-from ludic_fast.credit import ConstantCredit
+from ludic_fast.data.batching import collate_saw_items, group_index_of
+from ludic_fast.data.credit import ConstantCredit
+from ludic_fast.data.types import SAWBatch
 from ludic_fast.losses import CISPOLoss
-from ludic_fast.stats import default_reducers
+from ludic_fast.run.stats import default_reducers
 from ludic_fast.trainer import Trainer, TrainerConfig, lr_lambda
-from ludic_fast.types import SAWBatch
 
 
 def _cfg(**kw) -> TrainerConfig:

@@ -8,7 +8,7 @@ import math
 import msgpack
 import pytest
 
-from ludic_fast.types import (
+from ludic_fast.data.types import (
     ActorTokenLogps,
     EnvSpec,
     InferenceSpec,

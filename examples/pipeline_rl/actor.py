@@ -29,11 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(argv: list[str] | None) -> int:
     import torch
 
-    from ludic_fast.cli_validation import UsageError
-    from ludic_fast.distributed.pipeline import PipelineKeys, PipelineProducer, run_pipeline_actor
-    from ludic_fast.distributed.publish import RedisWeightSubscriber
-    from ludic_fast.engine.stop import StopOnSignal
-    from ludic_fast.train_cli import (
+    from ludic_fast.cli.train import (
         build_engine,
         build_model_and_tokenizer,
         build_parser,
@@ -41,6 +37,10 @@ def run(argv: list[str] | None) -> int:
         make_algorithm,
         prepare,
     )
+    from ludic_fast.cli.validation import UsageError
+    from ludic_fast.distributed.pipeline import PipelineKeys, PipelineProducer, run_pipeline_actor
+    from ludic_fast.distributed.publish import RedisWeightSubscriber
+    from ludic_fast.engine.stop import StopOnSignal
 
     parser = build_parser(PROG)
     g = add_pipeline_args(parser)

@@ -29,12 +29,7 @@ def run(argv: list[str] | None) -> int:
 
     import torch
 
-    from ludic_fast.cli_validation import UsageError
-    from ludic_fast.distributed.pipeline import PipelineBatchSource, PipelineKeys, StopRequested
-    from ludic_fast.distributed.publish import RedisWeightPublisher
-    from ludic_fast.engine.stop import StopOnSignal
-    from ludic_fast.stats import default_reducers
-    from ludic_fast.train_cli import (
+    from ludic_fast.cli.train import (
         build_console_logger,
         build_model_and_tokenizer,
         build_parser,
@@ -43,6 +38,11 @@ def run(argv: list[str] | None) -> int:
         run_sft,
         trainer_config,
     )
+    from ludic_fast.cli.validation import UsageError
+    from ludic_fast.distributed.pipeline import PipelineBatchSource, PipelineKeys, StopRequested
+    from ludic_fast.distributed.publish import RedisWeightPublisher
+    from ludic_fast.engine.stop import StopOnSignal
+    from ludic_fast.run.stats import default_reducers
     from ludic_fast.trainer import Trainer
 
     parser = build_parser(PROG)

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import torch
 
-from ludic_fast.atomic_io import atomic_write_text
 from ludic_fast.benchmark.impls import IMPLS
 from ludic_fast.benchmark.report import markdown_report, plot_scaling, summary_table
 from ludic_fast.benchmark.runner import BenchStopped, CaseResult, Options, run_suite, stop_on_signals
 from ludic_fast.benchmark.workloads import WORKLOADS, Shape
-from ludic_fast.cli_validation import OneLineParser, UsageError, check_device, check_file, check_output_dir
+from ludic_fast.cli.validation import OneLineParser, UsageError, check_device, check_file, check_output_dir
+from ludic_fast.run.atomic_io import atomic_write_text
 
 QWEN_D, QWEN_V = 896, 151936  # Qwen2.5-0.5B head
 _CPU_IMPLS = ("ours-fused", "ours-generic", "reference", "liger", "trl", "verl", "gemm-fwd+bwd", "gemm-fwd")

@@ -14,7 +14,7 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from ludic_fast.batching import MacroTotals
+from ludic_fast.data.batching import MacroTotals
 from ludic_fast.distributed.stats import collective_device
 
 

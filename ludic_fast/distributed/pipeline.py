@@ -41,8 +41,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("pipeline RL over Redis needs redis and msgpack: pip install 'ludic-fast[redis]'") from exc
 
+from ludic_fast.data.types import SAWBatch, SAWItem
 from ludic_fast.distributed.redis_conn import ReconnectingRedis, ensure_group
-from ludic_fast.types import SAWBatch, SAWItem
 
 log = logging.getLogger(__name__)
 

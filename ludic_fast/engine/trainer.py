@@ -34,19 +34,19 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.algorithm import RLAlgorithm
-from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager, restore_rng, rng_tensors
 from ludic_fast.distributed.rank0 import Rank0Publisher
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
 from ludic_fast.engine import model_setup
 from ludic_fast.engine.config import MIXED_PRECISION, TrainerConfig
 from ludic_fast.engine.guard import diverged_loss
+from ludic_fast.engine.memory_estimate import estimate_peak_memory
 from ludic_fast.engine.objective import MicroBatch, Objective
 from ludic_fast.engine.schedule import lr_lambda
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
-from ludic_fast.memory_estimate import estimate_peak_memory
 from ludic_fast.objectives.rl import RLObjective
-from ludic_fast.stats import Reducer, group_log_stats
+from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager, restore_rng, rng_tensors
+from ludic_fast.run.stats import Reducer, group_log_stats
 
 
 def is_data_parallel(model: nn.Module) -> bool:

@@ -12,11 +12,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ludic_fast.data.pair_batching import collate_completions
 from ludic_fast.integrations.transformers import LMHead
 from ludic_fast.objectives.examples import rng_state, set_rng_state
 from ludic_fast.objectives.offline import OfflineObjective
 from ludic_fast.ops.divergence import linear_divergence
-from ludic_fast.pair_batching import collate_completions
 from ludic_fast.token_batch import TokenBatch
 
 

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ludic_fast.data.pair_batching import KTOExample, PreferencePair, collate_kto, collate_pairs
 from ludic_fast.integrations.transformers import LMHead, final_hidden_states, lm_head
 from ludic_fast.objectives.offline import OfflineObjective
-from ludic_fast.pair_batching import KTOExample, PreferencePair, collate_kto, collate_pairs
 from ludic_fast.preference import KTOLoss
 from ludic_fast.token_batch import TokenBatch
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ludic_fast.data.pair_batching import PreferencePair, collate_pairs
 from ludic_fast.integrations.transformers import LMHead
 from ludic_fast.objectives.offline import OfflineObjective
-from ludic_fast.pair_batching import PreferencePair, collate_pairs
 from ludic_fast.reward_model import BradleyTerryLoss
 
 

@@ -21,19 +21,19 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.algorithm import RLAlgorithm
-from ludic_fast.batching import (
+from ludic_fast.data.batching import (
     MacroTotals,
     collate_packed,
     collate_saw_items,
     group_index_of,
     split_items_by_token_budget,
 )
+from ludic_fast.data.types import SAWBatch
 from ludic_fast.distributed.macro import macro_totals_across_ranks
 from ludic_fast.engine.guard import diverged_sampling, is_sampling_divergence
 from ludic_fast.engine.objective import MicroBatch
 from ludic_fast.integrations.transformers import LMHead
-from ludic_fast.stats import Reducer, aggregate_stats
-from ludic_fast.types import SAWBatch
+from ludic_fast.run.stats import Reducer, aggregate_stats
 
 log = logging.getLogger("ludic_fast.trainer")  # the public trainer's logger name
 

@@ -5,7 +5,7 @@ Same calling conventions as every `ludic_fast.losses` loss (`loss_fn(batch, hidd
 `loss_fn(batch, logits=)`, `loss_fn.compute(logits, batch)`); position t scores token t+1, only action
 tokens (the response) enter the head, no [N, V] tensor is formed.
 
-Pair layout (`ludic_fast.pair_batching.collate_pairs`, padded or packed): sequence 2i is the chosen
+Pair layout (`ludic_fast.data.pair_batching.collate_pairs`, padded or packed): sequence 2i is the chosen
 response y_w of prompt i and sequence 2i+1 the rejected y_l, so a pair is contiguous in the token order and
 chosen and rejected share one forward. KTO reads unpaired examples (`batch['kto_label']`).
 

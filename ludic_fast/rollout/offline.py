@@ -22,10 +22,10 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ludic_fast.batching import saw_item_from_step
-from ludic_fast.filters import apply_filter
-from ludic_fast.jsonl import jsonl_objects
-from ludic_fast.types import CreditAssigner, Rollout, SampleFilter, SAWBatch, SAWItem
+from ludic_fast.data.batching import saw_item_from_step
+from ludic_fast.data.filters import apply_filter
+from ludic_fast.data.jsonl import jsonl_objects
+from ludic_fast.data.types import CreditAssigner, Rollout, SampleFilter, SAWBatch, SAWItem
 
 
 def _jsonl_objects(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:

@@ -26,13 +26,13 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from ludic_fast.batching import saw_item_from_step
-from ludic_fast.filters import apply_filter
+from ludic_fast.data.batching import saw_item_from_step
+from ludic_fast.data.filters import apply_filter
+from ludic_fast.data.types import CreditAssigner, Rollout, SampleFilter, SAWBatch, Step, TokenTrace
 from ludic_fast.rollout.engine import Completion, SamplingConfig
 from ludic_fast.rollout.prompts import encode_prompt, resolve_chat_template
 from ludic_fast.rollout.tasks import PromptAnswerTask
-from ludic_fast.stats import Reducer, apply_reducers_to_records
-from ludic_fast.types import CreditAssigner, Rollout, SampleFilter, SAWBatch, Step, TokenTrace
+from ludic_fast.run.stats import Reducer, apply_reducers_to_records
 
 
 def _mix_seed(*parts: int) -> int:

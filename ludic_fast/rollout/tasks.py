@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ludic_fast.data.jsonl import jsonl_objects
 from ludic_fast.embedded import AdditionTask
-from ludic_fast.jsonl import jsonl_objects
 from ludic_fast.rollout.rewards import RewardFn, get_reward
 
 

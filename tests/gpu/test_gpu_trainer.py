@@ -12,12 +12,13 @@ import torch
 from _gpu import DEVICES, on
 from _trainer_fixtures import ListSource, make_items, tiny_model
 
-from ludic_fast import cli, reference, train_cli
+from ludic_fast import cli, reference
 from ludic_fast.algorithm import make_cispo
-from ludic_fast.batching import collate_saw_items
-from ludic_fast.loggers import read_jsonl
+from ludic_fast.cli import train as train_cli
+from ludic_fast.data.batching import collate_saw_items
+from ludic_fast.data.types import SAWBatch
+from ludic_fast.run.loggers import read_jsonl
 from ludic_fast.trainer import Trainer, TrainerConfig
-from ludic_fast.types import SAWBatch
 
 # gradient tolerance: relative 1e-4 (as tests/test_trainer.py); absolute 1e-6 on the CPU, 1e-5 on CUDA
 # (the chunked head's GEMMs and the full-logits GEMM sum in different orders there)

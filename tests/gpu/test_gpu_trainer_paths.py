@@ -16,8 +16,8 @@ from _trainer_fixtures import ListSource, make_items
 from test_packed_attention import _model
 
 from ludic_fast.algorithm import make_cispo
+from ludic_fast.data.types import SAWBatch
 from ludic_fast.trainer import Trainer, TrainerConfig
-from ludic_fast.types import SAWBatch
 
 FLASH = importlib.util.find_spec("flash_attn") is not None
 ATTENTION = [

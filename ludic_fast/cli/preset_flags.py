@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ludic_fast.cli_validation import UsageError
+from ludic_fast.cli.validation import UsageError
 
 #: flags of the RL presets (rollouts, the SFT warm-up, evaluation on a task)
 RL_ONLY = ("task", "eval_task", "eval_holdout", "eval_on_train", "reward", "sft_steps", "sft_batch_size", "sft_lr",

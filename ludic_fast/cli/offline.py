@@ -1,6 +1,6 @@
 """`ludic-fast train --preset {dpo,ipo,simpo,orpo,kto,reward,distill}`: offline objectives, no rollouts.
 
-Data: `--pref-data` JSONL in the preset's format (`ludic_fast.preference_data`), else the embedded rows
+Data: `--pref-data` JSONL in the preset's format (`ludic_fast.data.preference_data`), else the embedded rows
 built from the addition task. Model: `--model` ('embedded': the tiny Llama, random init). dpo, ipo and kto
 train against a frozen copy of the initial model as the reference; reward trains the backbone and a
 scalar value head with the Bradley-Terry loss; distill trains the model against `--teacher` ('embedded': a
@@ -32,22 +32,22 @@ from typing import Any
 
 import torch
 
-from ludic_fast import run_setup
-from ludic_fast.checkpoint import CheckpointManager
-from ludic_fast.cli_validation import UsageError, as_flags, check_args, check_device, check_output_dir
+from ludic_fast.cli import run_setup
+from ludic_fast.cli.recipe import apply_recipe
+from ludic_fast.cli.validation import UsageError, as_flags, check_args, check_device, check_output_dir
+from ludic_fast.data.preference_data import embedded_rows, encode_rows, read_rows
 from ludic_fast.engine.config import TrainerConfig
 from ludic_fast.engine.guard import NonFiniteError
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.engine.trainer import Trainer
-from ludic_fast.loggers import JSONLLogger, TeeLogger, WandbLogger, keep_jsonl_records, plot_curves, read_jsonl
 from ludic_fast.objectives.distill import DistillObjective
 from ludic_fast.objectives.preference import PreferenceObjective
 from ludic_fast.objectives.reward import RewardObjective
 from ludic_fast.ops import linear_cross_entropy
 from ludic_fast.preference import DPO_LOSS_TYPES, DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss, make_preference_loss
-from ludic_fast.preference_data import embedded_rows, encode_rows, read_rows
 from ludic_fast.rollout import resolve_chat_template
-from ludic_fast.train_recipe import apply_recipe
+from ludic_fast.run.checkpoint import CheckpointManager
+from ludic_fast.run.loggers import JSONLLogger, TeeLogger, WandbLogger, keep_jsonl_records, plot_curves, read_jsonl
 
 FORMAT = {"dpo": "pairs", "ipo": "pairs", "simpo": "pairs", "orpo": "pairs", "reward": "pairs", "kto": "kto",
           "distill": "completions"}
@@ -121,8 +121,8 @@ def _examples(args: argparse.Namespace, tok: Any, chat: bool) -> list[Any]:
 
 def _embedded_teacher(args: argparse.Namespace, tok: Any, examples: list[Any]) -> torch.nn.Module:
     """A tiny Llama of hidden size 96 fitted to the completions by `--teacher-steps` steps of CE."""
+    from ludic_fast.data.pair_batching import collate_completions
     from ludic_fast.embedded import build_tiny_model
-    from ludic_fast.pair_batching import collate_completions
 
     teacher = build_tiny_model(len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                                bos_token_id=tok.bos_token_id, seed=args.seed + 1, hidden_size=96,

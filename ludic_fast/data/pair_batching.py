@@ -2,7 +2,7 @@
 
 `collate_pairs` puts the chosen and the rejected response of a prompt next to each other, so both go
 through one forward: sequence 2i = prompt_i + chosen_i, sequence 2i+1 = prompt_i + rejected_i, the
-response tokens are the action tokens (`action_mask` 1). Layouts as `ludic_fast.batching`: padded
+response tokens are the action tokens (`action_mask` 1). Layouts as `ludic_fast.data.batching`: padded
 (`input_ids [2P, T]`, right padding) or packed (`input_ids [1, total]`, `cu_seqlens [2P+1]`), with the
 same keys (`input_ids`, `attention_mask`, `action_mask`, `weight`, and `position_ids` when packed).
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ludic_fast.batching import Layout, collate_packed, collate_saw_items
-from ludic_fast.types import SAWItem
+from ludic_fast.data.batching import Layout, collate_packed, collate_saw_items
+from ludic_fast.data.types import SAWItem
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from ludic_fast._common import HeadOutput, per_token_temperature, validate_head_inputs
-from ludic_fast.reference_divergence import linear_divergence
-from ludic_fast.reference_preference import DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss
+from ludic_fast.reference.divergence import linear_divergence
+from ludic_fast.reference.preference import DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss
 
 Batch = Mapping[str, Tensor]
 Stats = dict[str, Any]

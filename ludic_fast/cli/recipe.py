@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ludic_fast.cli_validation import UsageError, require_package
+from ludic_fast.cli.validation import UsageError, require_package
 
 #: per-profile defaults of the flags whose sensible value depends on the model's size
 PROFILES: dict[str, dict[str, Any]] = {

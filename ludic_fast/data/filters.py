@@ -17,7 +17,7 @@ import logging
 import statistics
 from collections.abc import Iterable
 
-from ludic_fast.types import Preprocess, SampleFilter, SAWBatch, SAWItem, group_id_of
+from ludic_fast.data.types import Preprocess, SampleFilter, SAWBatch, SAWItem, group_id_of
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import importlib
 import sys
 
 _COMMANDS = {
-    "train": ("ludic_fast.train_cli", "Run the bundled trainer (SFT warm-up + RL) on a task."),
-    "demo": ("ludic_fast.train_cli", "Run the embedded default: tiny model, built-in task, CPU."),
+    "train": ("ludic_fast.cli.train", "Run the bundled trainer (SFT warm-up + RL) on a task."),
+    "demo": ("ludic_fast.cli.train", "Run the embedded default: tiny model, built-in task, CPU."),
     "bench": ("ludic_fast.benchmark.cli", "Benchmark the head and losses against reference and peers."),
 }
 

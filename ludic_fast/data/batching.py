@@ -36,7 +36,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ludic_fast.types import (
+from ludic_fast.data.types import (
     ActorTokenLogps,
     Rollout,
     RolloutRequest,

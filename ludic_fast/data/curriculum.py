@@ -6,7 +6,7 @@ prompt's pass rate reaches `threshold` (0.9) with at least `min_attempts` attemp
 good: `active()` leaves it out of later epochs' prompt lists. (It stays in the epoch being run: the
 caller decides when an epoch starts by calling `active()` again.)
 
-The history is JSON, written atomically (`ludic_fast.atomic_io`) after every update when `path` is set:
+The history is JSON, written atomically (`ludic_fast.run.atomic_io`) after every update when `path` is set:
 a crash at any point leaves either the old or the new file, never a partial one; a new instance with the
 same path restores it (resume). `state_dict()` / `load_state_dict()` give the same JSON-compatible state
 for checkpoints.
@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ludic_fast.atomic_io import atomic_write_json
-from ludic_fast.types import SAWBatch
+from ludic_fast.data.types import SAWBatch
+from ludic_fast.run.atomic_io import atomic_write_json
 
 _VERSION = 1
 

@@ -18,9 +18,9 @@ import random
 from pathlib import Path
 from typing import Any
 
+from ludic_fast.data.jsonl import jsonl_objects
+from ludic_fast.data.pair_batching import KTOExample, PreferencePair
 from ludic_fast.embedded import AdditionTask
-from ludic_fast.jsonl import jsonl_objects
-from ludic_fast.pair_batching import KTOExample, PreferencePair
 from ludic_fast.rollout.prompts import encode_prompt
 
 FORMATS: dict[str, tuple[str, ...]] = {

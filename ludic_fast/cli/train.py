@@ -39,43 +39,12 @@ from typing import Any
 import torch
 
 from ludic_fast import algorithm as presets
-from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
-from ludic_fast.cli_validation import (
-    OneLineParser,
-    UsageError,
-    as_flags,
-    check_args,
-    check_device,
-    check_output_dir,
-    check_task_tokens,
-)
-from ludic_fast.engine.guard import NonFiniteError
-from ludic_fast.engine.stop import StopOnSignal
-from ludic_fast.loggers import (
-    JSONLLogger,
-    TeeLogger,
-    WandbLogger,
-    keep_jsonl_records,
-    plot_curves,
-    read_jsonl,
-)
-from ludic_fast.offline_cli import OFFLINE_PRESETS
-from ludic_fast.offline_cli import add_arguments as add_offline_arguments
-from ludic_fast.offline_cli import main as offline_main
-from ludic_fast.ops.budget import parse_memory_budget
-from ludic_fast.preset_flags import check_flag_scope
-from ludic_fast.rollout import (
-    Evaluator,
-    HFGenerateEngine,
-    OfflineBatchSource,
-    PromptAnswerTask,
-    RolloutBatchSource,
-    SamplingConfig,
-    embedded_default_task,
-    resolve_chat_template,
-    sft_item,
-)
-from ludic_fast.run_setup import (
+from ludic_fast.cli.offline import OFFLINE_PRESETS
+from ludic_fast.cli.offline import add_arguments as add_offline_arguments
+from ludic_fast.cli.offline import main as offline_main
+from ludic_fast.cli.preset_flags import check_flag_scope
+from ludic_fast.cli.recipe import add_recipe_arguments, apply_recipe, profile_default_help
+from ludic_fast.cli.run_setup import (
     build_console_logger,
     build_model_and_tokenizer,
     build_tokenizer,
@@ -87,9 +56,40 @@ from ludic_fast.run_setup import (
     stopped_line,
     trainer_config,
 )
-from ludic_fast.run_warnings import LearningSignalMonitor, console_notifier
-from ludic_fast.stats import default_reducers
-from ludic_fast.train_recipe import add_recipe_arguments, apply_recipe, profile_default_help
+from ludic_fast.cli.validation import (
+    OneLineParser,
+    UsageError,
+    as_flags,
+    check_args,
+    check_device,
+    check_output_dir,
+    check_task_tokens,
+)
+from ludic_fast.engine.guard import NonFiniteError
+from ludic_fast.engine.stop import StopOnSignal
+from ludic_fast.ops.budget import parse_memory_budget
+from ludic_fast.rollout import (
+    Evaluator,
+    HFGenerateEngine,
+    OfflineBatchSource,
+    PromptAnswerTask,
+    RolloutBatchSource,
+    SamplingConfig,
+    embedded_default_task,
+    resolve_chat_template,
+    sft_item,
+)
+from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager
+from ludic_fast.run.loggers import (
+    JSONLLogger,
+    TeeLogger,
+    WandbLogger,
+    keep_jsonl_records,
+    plot_curves,
+    read_jsonl,
+)
+from ludic_fast.run.stats import default_reducers
+from ludic_fast.run.warnings import LearningSignalMonitor, console_notifier
 from ludic_fast.trainer import Trainer
 
 #: presets by name; the group-based ones receive --group-size.

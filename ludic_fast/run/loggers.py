@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ludic_fast.atomic_io import atomic_write_text
-from ludic_fast.jsonl import jsonl_objects
+from ludic_fast.data.jsonl import jsonl_objects
+from ludic_fast.run.atomic_io import atomic_write_text
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 

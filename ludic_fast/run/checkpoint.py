@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from ludic_fast.atomic_io import atomic_write_json
+from ludic_fast.run.atomic_io import atomic_write_json
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TMP_PREFIX = ".tmp-step_"

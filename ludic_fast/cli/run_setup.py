@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from ludic_fast.checkpoint import CheckpointConfig, CheckpointManager
-from ludic_fast.cli_validation import UsageError
+from ludic_fast.cli.recipe import recipe_trainer_kwargs
+from ludic_fast.cli.validation import UsageError
 from ludic_fast.engine.config import TrainerConfig
 from ludic_fast.engine.stop import StopOnSignal
-from ludic_fast.loggers import PrintLogger, RichLiveLogger
-from ludic_fast.train_recipe import recipe_trainer_kwargs
+from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager
+from ludic_fast.run.loggers import PrintLogger, RichLiveLogger
 
 
 def check_single_process() -> None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ludic_fast.types import CreditAssigner, Rollout, RolloutStepKey, group_id_of
+from ludic_fast.data.types import CreditAssigner, Rollout, RolloutStepKey, group_id_of
 
 CreditMap = dict[RolloutStepKey, float]
 

@@ -1,0 +1,1 @@
+"""Data preparation: SAW items, token-budget batching, credit, filters, curriculum, JSONL and pair data."""

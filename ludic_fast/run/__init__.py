@@ -1,0 +1,1 @@
+"""The run's infrastructure: checkpoints, loggers, stats, atomic files, run warnings."""
