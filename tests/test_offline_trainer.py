@@ -63,6 +63,19 @@ def test_reference_logps_match_the_head():
     assert torch.allclose(ref[:, 1:], lp * mask, atol=1e-5)
 
 
+def test_reference_logps_keep_float64():
+    """A float64 reference model gives float64 log-probs (they were narrowed to float32), equal to its own
+    log-softmax to float64 rounding."""
+    tok = build_char_tokenizer()
+    model = build_tiny_model(len(tok), seed=0).double()
+    batch = collate_pairs(encode_rows(embedded_rows("pairs", 2), "pairs", tok, chat_template=False))
+    ref = reference_logps(model, batch)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    assert ref.dtype == torch.float64
+    assert torch.allclose(ref[:, 1:], lp * batch["action_mask"][:, 1:], atol=1e-12, rtol=0)
+
+
 def test_reference_sums_are_computed_once_per_pair():
     tok = build_char_tokenizer()
     model = build_tiny_model(len(tok), seed=0)

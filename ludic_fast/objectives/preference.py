@@ -30,8 +30,8 @@ def action_logps(head: LMHead, hidden: Tensor, batch: Mapping[str, Tensor], **he
     tb = TokenBatch.from_batch(batch)
     rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, tb.rows)
     out = head.logprobs(rows, tb.targets, entropy=False, **head_kwargs)
-    ref = torch.zeros(batch["input_ids"].numel(), dtype=torch.float32, device=rows.device)
-    ref[tb.rows + 1] = out.logprobs.float()
+    ref = out.logprobs.new_zeros(batch["input_ids"].numel())  # the head's dtype: float64 stays float64
+    ref[tb.rows + 1] = out.logprobs
     return ref.reshape(batch["input_ids"].shape)
 
 

@@ -148,8 +148,9 @@ class RLObjective:
                 chunk_elements=cfg.chunk_elements, memory_budget=cfg.memory_budget,
             ).logprobs
 
-        ref = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-        ref[:, 1:] = engine.frozen_head(self.ref_model, batch, logprobs, fp32_head=self.algo.fp32_head)
+        scored = engine.frozen_head(self.ref_model, batch, logprobs, fp32_head=self.algo.fp32_head)
+        ref = scored.new_zeros(ids.shape)  # the head's dtype: float64 stays float64
+        ref[:, 1:] = scored
         return ref
 
     # ------------------------------------------------------------------------------------------ stats
