@@ -75,19 +75,43 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 # ------------------------------------------------------------------------------ optimizer <-> files
+def _is_tensor_list(value: Any) -> bool:
+    """A list holding tensors and empty slots (LBFGS's `al` starts as [None] * history_size)."""
+    return (isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value)
+            and all(v is None or isinstance(v, torch.Tensor) for v in value))
+
+
+def _json_ready(value: Any, where: str) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"optimizer state {where} = {type(value).__name__} cannot be checkpointed: only tensors, "
+                        "lists of tensors and JSON values (numbers, strings, bools, None, lists, dicts) can") from exc
+    return value
+
+
 def optimizer_to_flat(state: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split `optimizer.state_dict()` into safetensors-ready tensors and a JSON-ready rest."""
+    """Split `optimizer.state_dict()` into safetensors-ready tensors and a JSON-ready rest: a tensor is
+    `state.{pid}.{name}`, a list of tensors and Nones (LBFGS's history) `list.{pid}.{name}.{i}` with which
+    slots hold a tensor in the rest, every other value JSON (TypeError naming it otherwise)."""
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
+    lists: dict[str, dict[str, list[bool]]] = {}
     for pid, pstate in state["state"].items():
         for name, value in pstate.items():
             if isinstance(value, torch.Tensor):
                 tensors[f"state.{pid}.{name}"] = value.detach().contiguous().cpu()
+            elif _is_tensor_list(value):
+                for i, item in enumerate(value):
+                    if item is not None:
+                        tensors[f"list.{pid}.{name}.{i}"] = item.detach().contiguous().cpu()
+                lists.setdefault(str(pid), {})[name] = [item is not None for item in value]
             else:
-                scalars.setdefault(str(pid), {})[name] = value
+                scalars.setdefault(str(pid), {})[name] = _json_ready(value, f"[{pid}][{name!r}]")
     return tensors, {
         "param_groups": state["param_groups"],
         "scalars": scalars,
+        "tensor_lists": lists,
         "param_ids": [str(p) for p in state["state"]],
     }
 
@@ -96,8 +120,13 @@ def optimizer_from_flat(tensors: Mapping[str, torch.Tensor], rest: Mapping[str, 
     """Inverse of `optimizer_to_flat` (parameter ids back to ints)."""
     state: dict[int, dict[str, Any]] = {int(p): {} for p in rest["param_ids"]}
     for key, value in tensors.items():
-        _, pid, name = key.split(".", 2)
-        state.setdefault(int(pid), {})[name] = value
+        kind, pid, name = key.split(".", 2)
+        if kind == "state":
+            state.setdefault(int(pid), {})[name] = value
+    for pid, names in rest.get("tensor_lists", {}).items():
+        for name, filled in names.items():
+            state.setdefault(int(pid), {})[name] = [tensors[f"list.{pid}.{name}.{i}"] if full else None
+                                                    for i, full in enumerate(filled)]
     for pid, values in rest["scalars"].items():
         state.setdefault(int(pid), {}).update(values)
     groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
