@@ -128,6 +128,24 @@ def test_dpo_loss_type_flags_reach_the_loss(tmp_path, flags, first_loss):
     assert _records(tmp_path)[0]["train/loss"] == pytest.approx(first_loss, rel=1e-5)
 
 
+@pytest.mark.parametrize("preset", ["dpo", "ipo", "simpo", "orpo"])
+def test_entropy_stats_flag_logs_the_policy_entropy_per_side(tmp_path, preset):
+    """--entropy-stats reaches the loss: the logs carry the policy's mean token entropy of each side, a number in
+    (0, log V] (its value is checked against the float64 twins in tests/test_preference_variants.py)."""
+    args = ["train", "--preset", preset, "--offline-steps", "1", "--pref-batch-size", "4", "--logger", "none",
+            "--no-plot", "--device", "cpu", "--output-dir", str(tmp_path), "--entropy-stats"]
+    assert main(args) == 0
+    first = _records(tmp_path)[0]
+    vocab = len(TOK)
+    for side in ("chosen", "rejected"):
+        assert 0.0 < first[f"train/entropy_{side}"] <= torch.log(torch.tensor(float(vocab))).item() + 1e-6
+
+
+def test_entropy_stats_flag_is_refused_where_no_pair_loss_reads_it(tmp_path, capsys):
+    assert main(["train", "--preset", "kto", "--entropy-stats", "--output-dir", str(tmp_path / "x")]) == 2
+    assert "--entropy-stats does not apply to --preset kto" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("flags", "message"), [
     (["--loss-type", "simpo"], "--loss-type simpo: not a DPO loss type"),
     (["--loss-weights", "1,2"], "--loss-weights needs --loss-type"),

@@ -77,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default sigmoid")
     g.add_argument("--loss-weights", type=_weights, default=None,
                    help="dpo: one weight per --loss-type, comma-separated (default: 1 each)")
+    g.add_argument("--entropy-stats", action="store_true",
+                   help="dpo, ipo, simpo, orpo: also log the policy's mean entropy per side "
+                        "(train/entropy_chosen, train/entropy_rejected)")
 
 
 def _names(text: str) -> list[str]:
@@ -95,8 +98,10 @@ def _weights(text: str) -> list[float]:
 
 def _loss(args: argparse.Namespace) -> Any:
     """The preset's preference loss: `make_preference_loss(--loss-type, weights=--loss-weights)` for dpo with
-    --loss-type (DPO loss types only), else the preset's class; `--beta` when given."""
+    --loss-type (DPO loss types only), else the preset's class; `--beta` and `--entropy-stats` when given."""
     options = {} if args.beta is None else {"beta": args.beta}
+    if args.entropy_stats:
+        options["entropy_stats"] = True
     if args.loss_type is None:
         if args.loss_weights is not None:
             raise UsageError("--loss-weights needs --loss-type (the loss types they weigh)")

@@ -31,6 +31,7 @@ OFFLINE_ONLY = {
     "on_policy_fraction": ("distill",),
     "loss_type": ("dpo",),
     "loss_weights": ("dpo",),
+    "entropy_stats": ("dpo", "ipo", "simpo", "orpo"),
 }
 #: flags read by some offline presets: max-new-tokens (on-policy distillation samples); backend (the presets
 #: whose loss runs the LM head: not reward, whose value head scores the hidden states)
