@@ -155,3 +155,42 @@ def test_bad_dpo_loss_type_flags_are_one_line_errors(tmp_path, capsys, flags, me
     assert main(["train", "--preset", "dpo", *flags, "--output-dir", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"ludic-fast train: error: {message}")
+
+
+def _gemma2(seed: int, softcap: float):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Gemma2Config(vocab_size=len(TOK), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=2, head_dim=16, final_logit_softcapping=softcap,
+                       pad_token_id=TOK.pad_token_id)
+    return Gemma2ForCausalLM(cfg)
+
+
+def test_softcapped_heads_distil_exactly():
+    """A softcapped student and teacher (Gemma 2's final_logit_softcapping): the step's loss is the forward KL of
+    the models' own (softcapped) logits over the completion tokens, computed here in float64 from full logits."""
+    student, teacher = _gemma2(0, 3.0), _gemma2(1, 3.0).requires_grad_(False)
+    examples = encode_rows(embedded_rows("completions", 8), "completions", TOK, chat_template=False)
+    trainer = Trainer(model=student, objective=DistillObjective(teacher).use_examples(examples, batch_size=8),
+                      cfg=_cfg(micro_token_budget=4096))
+    batch = trainer.objective.stream.next()
+    loss, _, _, _ = trainer.accumulate_gradients(batch)
+    collated = trainer.objective.collate(batch, trainer)
+    ids, mask = collated["input_ids"], collated["action_mask"][:, 1:].bool()
+    with torch.no_grad():
+        zs = student(input_ids=ids, attention_mask=collated["attention_mask"]).logits[:, :-1].double()
+        zt = teacher(input_ids=ids, attention_mask=collated["attention_mask"]).logits[:, :-1].double()
+    pt, lt, ls = zt.softmax(-1), zt.log_softmax(-1), zs.log_softmax(-1)
+    expected = (pt * (lt - ls)).sum(-1)[mask].mean()
+    assert zs.abs().max() < 3.0  # the softcap is in the models' logits
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_distillation_refuses_heads_of_different_softcaps():
+    student, teacher = _gemma2(0, 3.0), _gemma2(1, 5.0).requires_grad_(False)
+    examples = encode_rows(embedded_rows("completions", 4), "completions", TOK, chat_template=False)
+    trainer = Trainer(model=student, objective=DistillObjective(teacher).use_examples(examples, batch_size=4),
+                      cfg=_cfg())
+    with pytest.raises(ValueError, match=r"one logit scale and final softcap for both heads"):
+        trainer.accumulate_gradients(trainer.objective.stream.next())

@@ -73,17 +73,20 @@ class DistillObjective(OfflineObjective):
         tb = TokenBatch.from_batch(batch)  # the completion tokens' rows and targets (never across a boundary)
 
         def rows(head: LMHead, hidden: Tensor) -> tuple[LMHead, Tensor]:
-            if head.softcap is not None or head.logit_scale != 1.0:
-                raise ValueError("linear_divergence takes plain linear heads (no logit scale or final softcap)")
             return head, hidden.reshape(-1, hidden.shape[-1]).index_select(0, tb.rows)
 
         t_head, ht = engine.frozen_head(self.teacher, batch, rows)
 
         def loss(head: LMHead, hidden: Tensor) -> tuple[Tensor, dict[str, Any]]:
             s_head, hs = rows(head, hidden)
+            if (s_head.logit_scale, s_head.softcap) != (t_head.logit_scale, t_head.softcap):
+                raise ValueError("distillation needs one logit scale and final softcap for both heads (the op applies "
+                                 f"one): student ({s_head.logit_scale}, {s_head.softcap}), teacher "
+                                 f"({t_head.logit_scale}, {t_head.softcap})")
             value = linear_divergence(hs, s_head.weight, ht, t_head.weight, tb.targets, kind=self.kind, beta=self.beta,
                                       temperature=self.temperature, hard_weight=self.hard_weight,
                                       b_student=s_head.bias, b_teacher=t_head.bias,
+                                      logit_scale=s_head.logit_scale, softcap=s_head.softcap,
                                       memory_budget=engine.cfg.memory_budget, backend=engine.cfg.backend)
             return value, {"loss": value.detach(), "tokens": float(tb.n)}
 
