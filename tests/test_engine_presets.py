@@ -194,3 +194,35 @@ def test_distillation_refuses_heads_of_different_softcaps():
                       cfg=_cfg())
     with pytest.raises(ValueError, match=r"one logit scale and final softcap for both heads"):
         trainer.accumulate_gradients(trainer.objective.stream.next())
+
+
+@pytest.mark.parametrize(("flags", "loss_type", "beta"), [
+    ([], "sigmoid", 0.1), (["--loss-type", "hinge"], "hinge", 0.1),
+    (["--loss-type", "simpo", "--beta", "2"], "simpo", 2.0),
+])
+def test_cpo_preset_builds_the_cpo_loss_it_names(tmp_path, flags, loss_type, beta):
+    """--preset cpo trains TRL's CPO (reference-free: no reference model) with the --loss-type it is given;
+    one step runs and logs the NLL term beside the rewards."""
+    from ludic_fast.cli.offline import _loss
+    from ludic_fast.cli.train import build_parser
+    from ludic_fast.preference import CPOLoss
+
+    args = build_parser("ludic-fast train").parse_args(["--preset", "cpo", *flags])
+    loss = _loss(args)
+    assert type(loss) is CPOLoss and (loss.loss_type, loss.beta) == (loss_type, beta) and not loss.uses_reference
+    run = ["train", "--preset", "cpo", "--offline-steps", "1", "--pref-batch-size", "4", "--logger", "none",
+           "--no-plot", "--device", "cpu", "--output-dir", str(tmp_path), *flags]
+    assert main(run) == 0
+    first = _records(tmp_path)[0]
+    assert {"train/loss", "train/nll", "train/rewards_accuracy"} <= set(first)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--loss-type", "robust"], "--loss-type robust: cpo takes one of sigmoid, hinge, ipo, simpo"),
+    (["--loss-type", "sigmoid,hinge"], "--loss-type sigmoid,hinge: cpo takes one of"),
+    (["--loss-type", "hinge", "--loss-weights", "1"], "--loss-weights does not apply to --preset cpo"),
+])
+def test_bad_cpo_loss_type_flags_are_one_line_errors(tmp_path, capsys, flags, message):
+    assert main(["train", "--preset", "cpo", *flags, "--output-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"ludic-fast train: error: {message}")

@@ -44,17 +44,27 @@ from ludic_fast.objectives.distill import DistillObjective
 from ludic_fast.objectives.preference import PreferenceObjective
 from ludic_fast.objectives.reward import RewardObjective
 from ludic_fast.ops import linear_cross_entropy
-from ludic_fast.preference import DPO_LOSS_TYPES, DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss, make_preference_loss
+from ludic_fast.preference import (
+    CPO_LOSS_TYPES,
+    DPO_LOSS_TYPES,
+    CPOLoss,
+    DPOLoss,
+    IPOLoss,
+    KTOLoss,
+    ORPOLoss,
+    SimPOLoss,
+    make_preference_loss,
+)
 from ludic_fast.rollout import resolve_chat_template
 from ludic_fast.run.checkpoint import CheckpointManager
 from ludic_fast.run.loggers import JSONLLogger, TeeLogger, WandbLogger, keep_jsonl_records, plot_curves, read_jsonl
 
-FORMAT = {"dpo": "pairs", "ipo": "pairs", "simpo": "pairs", "orpo": "pairs", "reward": "pairs", "kto": "kto",
-          "distill": "completions"}
+FORMAT = {"dpo": "pairs", "ipo": "pairs", "simpo": "pairs", "orpo": "pairs", "cpo": "pairs", "reward": "pairs",
+          "kto": "kto", "distill": "completions"}
 OFFLINE_PRESETS = tuple(FORMAT)
 UNIT = {"pairs": "preference pairs", "kto": "labelled completions", "completions": "completions"}
-LOSSES = {"dpo": DPOLoss, "ipo": IPOLoss, "simpo": SimPOLoss, "orpo": ORPOLoss, "kto": KTOLoss}
-METRIC = {p: "train/rewards_accuracy" for p in ("dpo", "ipo", "simpo", "orpo", "reward")}
+LOSSES = {"dpo": DPOLoss, "ipo": IPOLoss, "simpo": SimPOLoss, "orpo": ORPOLoss, "cpo": CPOLoss, "kto": KTOLoss}
+METRIC = {p: "train/rewards_accuracy" for p in ("dpo", "ipo", "simpo", "orpo", "cpo", "reward")}
 METRIC.update(kto="train/rewards_margin", distill="train/loss")
 
 
@@ -74,11 +84,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--on-policy-fraction", type=float, default=0.0, help="distill: GKD λ (student samples)")
     g.add_argument("--loss-type", type=_names, default=None,
                    help="dpo: TRL's DPO loss type(s), comma-separated to combine (e.g. sigmoid,sft = RPO); "
-                        "default sigmoid")
+                        "cpo: one of CPO's (sigmoid, hinge, ipo, simpo); default sigmoid")
     g.add_argument("--loss-weights", type=_weights, default=None,
                    help="dpo: one weight per --loss-type, comma-separated (default: 1 each)")
     g.add_argument("--entropy-stats", action="store_true",
-                   help="dpo, ipo, simpo, orpo: also log the policy's mean entropy per side "
+                   help="dpo, ipo, simpo, orpo, cpo: also log the policy's mean entropy per side "
                         "(train/entropy_chosen, train/entropy_rejected)")
 
 
@@ -106,6 +116,8 @@ def _loss(args: argparse.Namespace) -> Any:
         if args.loss_weights is not None:
             raise UsageError("--loss-weights needs --loss-type (the loss types they weigh)")
         return LOSSES[args.preset](**options)
+    if args.preset == "cpo":
+        return _cpo_loss(args, options)
     unknown = [n for n in args.loss_type if n not in DPO_LOSS_TYPES]
     if unknown:
         raise UsageError(f"--loss-type {unknown[0]}: not a DPO loss type (one of {', '.join(DPO_LOSS_TYPES)})")
@@ -113,6 +125,13 @@ def _loss(args: argparse.Namespace) -> Any:
         return make_preference_loss(args.loss_type, weights=args.loss_weights, **options)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"--loss-type/--loss-weights: {exc}") from None
+
+
+def _cpo_loss(args: argparse.Namespace, options: dict[str, Any]) -> CPOLoss:
+    """cpo with --loss-type: one of CPO's types (TRL's CPOTrainer loss_type; --loss-weights is dpo's only)."""
+    if len(args.loss_type) != 1 or args.loss_type[0] not in CPO_LOSS_TYPES:
+        raise UsageError(f"--loss-type {','.join(args.loss_type)}: cpo takes one of {', '.join(CPO_LOSS_TYPES)}")
+    return CPOLoss(loss_type=args.loss_type[0], **options)
 
 
 def _examples(args: argparse.Namespace, tok: Any, chat: bool) -> list[Any]:

@@ -21,7 +21,7 @@ OFFLINE_ONLY = {
     "offline_steps": None,
     "pref_data": None,
     "pref_batch_size": None,
-    "beta": ("dpo", "ipo", "simpo", "orpo", "kto"),
+    "beta": ("dpo", "ipo", "simpo", "orpo", "cpo", "kto"),
     "teacher": ("distill",),
     "teacher_steps": ("distill",),
     "distill_kind": ("distill",),
@@ -29,13 +29,13 @@ OFFLINE_ONLY = {
     "distill_temperature": ("distill",),
     "hard_weight": ("distill",),
     "on_policy_fraction": ("distill",),
-    "loss_type": ("dpo",),
+    "loss_type": ("dpo", "cpo"),
     "loss_weights": ("dpo",),
-    "entropy_stats": ("dpo", "ipo", "simpo", "orpo"),
+    "entropy_stats": ("dpo", "ipo", "simpo", "orpo", "cpo"),
 }
 #: flags read by some offline presets: max-new-tokens (on-policy distillation samples); backend (the presets
 #: whose loss runs the LM head: not reward, whose value head scores the hidden states)
-OFFLINE_USES = {"max_new_tokens": ("distill",), "backend": ("dpo", "ipo", "simpo", "orpo", "kto", "distill")}
+OFFLINE_USES = {"max_new_tokens": ("distill",), "backend": ("dpo", "ipo", "simpo", "orpo", "cpo", "kto", "distill")}
 
 
 def _given(parser: argparse.ArgumentParser, args: argparse.Namespace, dest: str) -> bool:
