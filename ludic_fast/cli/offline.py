@@ -250,9 +250,7 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
     except NonFiniteError as exc:
         error = exc
     finally:
-        for lg in (console, wandb):
-            if lg is not None and hasattr(lg, "close"):
-                lg.close()
+        run_setup.close_loggers(console, wandb)
     records = read_jsonl(metrics) if metrics.exists() else []
     if error is not None:
         print(f"ludic-fast {command}: error: {error} (kept: {metrics}, earlier checkpoints)", file=sys.stderr)

@@ -91,6 +91,13 @@ def build_console_logger(kind: str) -> Any:
     )
 
 
+def close_loggers(*loggers: Any) -> None:
+    """Close each logger that is given and has a `close` (the live dashboard, wandb)."""
+    for lg in loggers:
+        if lg is not None and hasattr(lg, "close"):
+            lg.close()
+
+
 def lora_config(args: argparse.Namespace) -> Any:
     if args.lora_r <= 0:
         return None

@@ -51,6 +51,7 @@ from ludic_fast.cli.run_setup import (
     check_resume,
     check_single_process,
     checkpoint_config,
+    close_loggers,
     default_output_dir,
     lora_config,
     stopped_line,
@@ -559,9 +560,7 @@ def _run(args: argparse.Namespace, command: str, t0: float, stop: StopOnSignal) 
     except NonFiniteError as exc:
         error = exc
     finally:
-        for lg in (console, wandb):
-            if lg is not None and hasattr(lg, "close"):
-                lg.close()
+        close_loggers(console, wandb)
     summary = _finish(args, command, out, t0, trainer)
     if error is not None:
         print(f"ludic-fast {command}: error: {error} (kept: {metrics}, summary.json, earlier checkpoints)",
