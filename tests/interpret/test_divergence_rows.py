@@ -265,3 +265,21 @@ def test_bad_per_token_temperature_gives_nan_not_a_number(backend, kind):
     for a, b in zip(torch.autograd.grad(out, (hs, Ws)), torch.autograd.grad(ref, (hs, Ws))):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_reverse_kl_row_of_infinite_divergence_has_nan_gradients_as_torch():
+    """A teacher with no mass on some columns of one row, where the student has mass: that row's reverse KL is
+    +inf and has no gradient, so dW and db are NaN on the kernel as on the torch backend (not ±inf)."""
+    hs, Ws, bs, _, _, _, tgt = _inputs(13)
+    probs = torch.softmax(torch.randn(N, V, generator=torch.Generator().manual_seed(14)), -1)
+    probs[2, 5:40] = 0.0
+    probs = (probs / probs.sum(-1, keepdim=True)).to(DEVICE)
+    got = {}
+    for backend in ("torch", "triton"):
+        out = linear_divergence(hs, Ws, teacher_probs=probs, kind="reverse_kl", backend=backend, b_student=bs,
+                                reduction="none")
+        assert bool(torch.isinf(out[2])) and bool(torch.isfinite(out[[0, 1, 4, 5, 6]]).all()), backend
+        got[backend] = torch.autograd.grad(out.sum(), (hs, Ws, bs))
+    for name, a, b in zip(("hidden", "weight", "bias"), got["triton"], got["torch"]):
+        assert bool(torch.isnan(b).any()), name
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, equal_nan=True, msg=name)

@@ -124,3 +124,53 @@ def test_one_column_vocabulary_gives_exact_zeros(strategy, monkeypatch):
     assert bool((out.logprobs == 0).all()) and bool((out.entropy == 0).all())
     grads = torch.autograd.grad((out.logprobs * 3.0 + out.entropy * 2.0).sum(), leaves)
     assert all(bool((g == 0).all()) for g in grads), [float(g.abs().max()) for g in grads]
+
+
+def dominant_token_rows():
+    """Logits exact in fp32 (W = 0, bias only): 1e4 + g at the target, 1e4 at the 49 other tokens, g = 28, 32,
+    36 per row. With eps = 49 e^-g, H = log(1 + eps) + g eps / (1 + eps): from 9.8e-10 down to 4.2e-13, where
+    log(1 + eps) in fp32 (1 + eps rounds to 1) would lose the first term: an error of 1 / (g + 1) of H."""
+    gaps = torch.tensor([28.0, 32.0, 36.0], dtype=torch.float64)
+    eps = 49 * torch.exp(-gaps)
+    want = torch.log1p(eps) + gaps * eps / (1 + eps)
+    targets = torch.tensor([7, 0, 49])
+    b = torch.full((3, 50), 1e4).scatter_add(1, targets[:, None], gaps.float()[:, None])
+    return b, targets, want
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_entropy_one_dominant_token_exact(route, monkeypatch):
+    """The exact dominant-token case on every head route: relative error at fp32 rounding, H ~1e-9..1e-12."""
+    b, targets, want = dominant_token_rows()
+    for row in range(3):  # one bias per row: W = 0, so every row of a call has the same logits
+        h, w = torch.randn(3, 4, generator=torch.Generator().manual_seed(row)), torch.zeros(50, 4)
+        t = targets[row].expand(3)
+        ent = triton_call(route, monkeypatch, h, w, b[row], t, torch.ones(3), torch.ones(3))[1]
+        torch.testing.assert_close(ent.detach().cpu().double(), want[row].expand(3), rtol=1e-5, atol=0)
+
+
+def test_entropy_one_dominant_token_exact_in_the_divergence_kernel():
+    """`linear_divergence(..., return_entropy=True)` on the Triton row kernel: the same exact entropies."""
+    from ludic_fast import linear_divergence
+
+    b, targets, want = dominant_token_rows()
+    eye = torch.eye(50, device=DEVICE)  # hidden = the logits, W = identity
+    uniform = torch.full((3, 50), 1.0 / 50, device=DEVICE)
+    _, ent = linear_divergence(b.to(DEVICE), eye, teacher_probs=uniform, return_entropy=True, backend="triton")
+    torch.testing.assert_close(ent.cpu().double(), want, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_target_id_zero_gets_its_logprob_gradient(route, monkeypatch):
+    """Rows whose target is token id 0 (the first column): the log-prob and entropy gradients as float64's."""
+    g = torch.Generator().manual_seed(4)
+    h, w, b = torch.randn(6, 8, generator=g), torch.randn(40, 8, generator=g) * 0.5, torch.randn(40, generator=g)
+    targets = torch.tensor([0, 5, 0, 39, 0, 17])
+    g_lp, g_h = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    leaves = [x.clone().to(DEVICE).requires_grad_() for x in (h, w, b)]
+    lp, _, loss = triton_call(route, monkeypatch, *leaves, targets, g_lp, g_h)
+    grads = [x.cpu() for x in torch.autograd.grad(loss, leaves)]
+    lp64, _, want = grads64(h, w, b, targets, g_lp, g_h)
+    torch.testing.assert_close(lp.detach().cpu().double(), lp64, rtol=1e-5, atol=1e-5)
+    for name, got, ref in zip(("hidden", "weight", "bias"), grads, want):
+        assert rel_err(got, ref) <= 1e-5, (name, rel_err(got, ref))
