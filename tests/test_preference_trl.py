@@ -24,6 +24,7 @@ from test_preference import CHUNKS, make_pairs
 
 from ludic_fast import preference as P
 from ludic_fast import reference as R
+from ludic_fast.reference import preference as RP
 
 trl_dpo = pytest.importorskip("trl.trainer.dpo_trainer")
 trl_cpo = pytest.importorskip("trl.experimental.cpo.cpo_trainer")
@@ -88,6 +89,9 @@ TRL_CASES += [
     ("forward_kl", dict(loss_type="sigmoid", f_div="forward_kl", beta=0.5)),
     ("js_robust", dict(loss_type="robust", f_div="js_divergence", eps=0.1, beta=0.5)),
     ("alpha_ipo", dict(loss_type="ipo", f_div="alpha_divergence", f_alpha=0.3)),
+    # js's log 2 cancels in s_w - s_l, not in the length-normalised scores (n_w != n_l in two of the pairs)
+    ("js_ipo", dict(loss_type="ipo", f_div="js_divergence", beta=0.5)),
+    ("js_sigmoid_norm", dict(loss_type="sigmoid_norm", f_div="js_divergence", beta=0.5)),
     ("alpha_hinge", dict(loss_type="hinge", f_div="alpha_divergence", f_alpha=1.7, beta=0.2)),
     ("discopop_tau", dict(loss_type="discopop", tau=0.5, beta=0.3)),
     ("ld_dpo", dict(loss_type="sigmoid", ld_alpha=0.3, beta=0.5)),
@@ -151,6 +155,31 @@ def test_sigmoid_label_smoothing_mapping():
     assert float(ignored.detach()) == float(plus.detach())
     ours = P.DPOLoss(beta=beta, label_smoothing=eps)(batch, hidden=h, weight=W, bias=b)[0]
     assert rel_err(ours, (1 - eps) * plus + eps * minus) <= 1e-5
+
+
+
+def _margins(logits, batch):
+    """Per pair, sum over the response of log p(chosen) minus that of log p(rejected)."""
+    lp = (R.compute_token_logp(logits, batch["input_ids"]) * batch["action_mask"][:, 1:]).sum(-1)
+    return lp[0::2] - lp[1::2]
+
+
+def test_aot_sorts_each_side_when_the_reference_orders_the_pairs_unlike_the_policy():
+    """AOT sorts the policy's and the reference's margins separately: a reference whose margins order the pairs
+    unlike the policy's (here its logits negated) tells that apart from sorting their difference, which is sigmoid
+    DPO's pair set in another order."""
+    batch, h, W, b = make_pairs(4)
+    ref_logits = -1.5 * R.head_logits(h, W, b).detach()
+    ref_lp = torch.zeros_like(batch["ref_logps"])
+    ref_lp[:, 1:] = R.compute_token_logp(ref_logits, batch["input_ids"])
+    batch["ref_logps"] = ref_lp * batch["action_mask"]
+    policy, ref = _margins(R.head_logits(h, W, b).detach(), batch), _margins(ref_logits, batch)
+    assert not torch.equal(policy.argsort(), ref.argsort())
+    peer, _ = _trl_dpo_loss(batch, R.head_logits(h, W, b), ref_logits, loss_type="aot", eps=0.1, beta=0.5)
+    ours = P.DPOLoss(loss_type="aot", label_smoothing=0.1, beta=0.5)(batch, hidden=h, weight=W, bias=b)[0]
+    assert rel_err(ours, peer) <= 1e-5, (float(ours.detach()), float(peer.detach()))
+    twin = RP.DPOLoss(loss_type="aot", label_smoothing=0.1, beta=0.5)(batch, logits=R.head_logits(h, W, b))[0]
+    assert rel_err(ours, twin) <= 1e-5
 
 
 # ------------------------------------------------------------------------------------------------- CPO

@@ -24,6 +24,8 @@ DPO_CASES += [
     ("mpo", dict(loss_type=["sigmoid", "bco_pair", "sft"], loss_weights=[0.8, 0.2, 1.0])),
     ("fkl_sigmoid", dict(f_divergence="forward_kl", beta=0.5)),
     ("js_hinge", dict(loss_type="hinge", f_divergence="js_divergence", beta=0.5)),
+    ("js_ipo", dict(loss_type="ipo", f_divergence="js_divergence", beta=0.5)),  # log 2 counts here (n_w != n_l)
+    ("js_sigmoid_norm", dict(loss_type="sigmoid_norm", f_divergence="js_divergence", beta=0.5)),
     ("alpha_ipo", dict(loss_type="ipo", f_divergence="alpha_divergence", f_alpha=0.3)),
     ("alpha_discopop", dict(loss_type="discopop", f_divergence="alpha_divergence", discopop_tau=0.5, beta=0.4)),
     ("ld_sigmoid", dict(ld_alpha=0.4, beta=0.5)),
