@@ -14,7 +14,7 @@ from test_preference import CHUNKS, make_pairs
 
 from ludic_fast import preference as P
 from ludic_fast import reference as R
-from ludic_fast.preference.dpo_terms import LOSS_TYPES
+from ludic_fast.losses.preference.dpo_terms import LOSS_TYPES
 from ludic_fast.reference import preference as RP
 
 _SMOOTHED = {"exo_pair": 0.01, "robust": 0.1, "aot": 0.05}

@@ -19,10 +19,11 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 #: (module, one-line role), in reading order
 MODULES = [
     ("ludic_fast", "the head op and its conveniences"),
-    ("ludic_fast.losses", "RL losses from hidden states (Ludic's classes) and loss composition"),
-    ("ludic_fast.preference", "preference losses on the fused head"),
-    ("ludic_fast.ops.divergence", "fused two-head distillation divergences"),
-    ("ludic_fast.reward_model", "Bradley-Terry reward-model loss on a scalar value head"),
+    ("ludic_fast.losses", "every loss, one import: RL, preference, reward model, distillation, loss composition"),
+    ("ludic_fast.losses.policy_weights", "CISPO's and SAPO's per-token policy weights, written once"),
+    ("ludic_fast.losses.preference", "the preference family: its loss-type tables and make_preference_loss"),
+    ("ludic_fast.losses.reward", "Bradley-Terry reward-model loss on a scalar value head"),
+    ("ludic_fast.ops.divergence", "fused two-head distillation divergences (the op behind losses.linear_divergence)"),
     ("ludic_fast.data.pair_batching", "pair, KTO and completion batches for the offline objectives"),
     ("ludic_fast.offline_trainer", "OfflineTrainer: a thin alias over the engine for the offline objectives"),
     ("ludic_fast.ops.budget", "memory budgets and the element rule of the head's chunks"),

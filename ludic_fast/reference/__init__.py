@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ludic_fast._common import HeadOutput, per_token_temperature, validate_head_inputs
 from ludic_fast.reference.divergence import linear_divergence
-from ludic_fast.reference.preference import DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss
+from ludic_fast.reference.preference import CPOLoss, DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss
 
 Batch = Mapping[str, Tensor]
 Stats = dict[str, Any]
@@ -779,6 +779,7 @@ class GSPOTokenLoss(_LudicLoss):
 
 __all__ = [
     "linear_divergence",
+    "CPOLoss",
     "DPOLoss",
     "IPOLoss",
     "KTOLoss",

@@ -9,9 +9,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ludic_fast.losses import Batch, Stats
-from ludic_fast.preference import dpo_terms as T
-from ludic_fast.preference.common import (
+from ludic_fast.losses.base import Batch, Stats, seq_logps
+from ludic_fast.losses.preference import dpo_terms as T
+from ludic_fast.losses.preference.common import (
     PairLoss,
     check_beta,
     check_pairs,
@@ -19,9 +19,8 @@ from ludic_fast.preference.common import (
     pair_stats,
     policy_stats,
     ref_seq_logps,
-    seq_logps,
 )
-from ludic_fast.preference.wpo import WPO_KEY, with_log_sum_sq_probs
+from ludic_fast.losses.preference.wpo import WPO_KEY, with_log_sum_sq_probs
 from ludic_fast.token_batch import TokenBatch
 
 
@@ -48,7 +47,7 @@ def _ld_token_weights(tb: TokenBatch, ld_alpha: float, dtype: torch.dtype) -> Te
 @dataclass
 class DPOLoss(PairLoss):
     """DPO (Rafailov et al., arXiv 2305.18290) and TRL 1.16's `DPOTrainer` loss types
-    (`ludic_fast.preference.dpo_terms`): loss = Σ_k w_k mean_pairs ℓ_k (one type, or several combined with
+    (`ludic_fast.losses.preference.dpo_terms`): loss = Σ_k w_k mean_pairs ℓ_k (one type, or several combined with
     `loss_weights` w, default 1 each: RPO is ["sigmoid", "sft"] with [1, α]).
 
     With the default loss_type "sigmoid": u = β[(L_w - R_w) - (L_l - R_l)],

@@ -1,6 +1,6 @@
 """Pieces every preference loss shares: sequence sums, the reference's sums, pair checks, pair statistics.
 
-Notation (`ludic_fast.preference`): L_b = Σ_t M_t lp_t of sequence b, R_b the reference model's, n_b =
+Notation (`ludic_fast.losses.preference`): L_b = Σ_t M_t lp_t of sequence b, R_b the reference model's, n_b =
 max(1, Σ_t M_t); sequences 2i / 2i+1 are the chosen / rejected responses of pair i. Every value keeps the
 dtype of its inputs: float32 for float32 / bf16 / fp16 log-probs, float64 for float64 ones.
 """
@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ludic_fast.losses import HeadLoss, Stats
-from ludic_fast.reward_model import pair_reward_stats
+from ludic_fast.losses.base import HeadLoss, Stats, seq_logps
+from ludic_fast.losses.reward import pair_reward_stats
 from ludic_fast.token_batch import TokenBatch, widen
 
 
@@ -30,12 +30,6 @@ def log1mexp(x: Tensor) -> Tensor:
 def group_starts(group: Tensor) -> list[int]:
     """Offsets in the flat token order where the (non-decreasing) group id changes (one host sync)."""
     return (torch.nonzero(group[1:] != group[:-1]).squeeze(1) + 1).tolist()
-
-
-def seq_logps(lp: Tensor, tb: TokenBatch, length_normalize: bool) -> Tensor:
-    """L_b [S] (÷ n_b when length-normalised)."""
-    total = tb.seq_sum(tb.mask * lp)
-    return total / tb.seqs["counts"] if length_normalize else total
 
 
 def ref_seq_logps(tb: TokenBatch, length_normalize: bool, owner: str) -> Tensor:

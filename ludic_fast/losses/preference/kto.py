@@ -8,8 +8,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ludic_fast.losses import HeadLoss
-from ludic_fast.preference.common import check_beta, group_starts, ref_seq_logps, seq_logps
+from ludic_fast.losses.base import HeadLoss, seq_logps
+from ludic_fast.losses.preference.common import check_beta, group_starts, ref_seq_logps
 from ludic_fast.token_batch import TokenBatch, widen
 
 

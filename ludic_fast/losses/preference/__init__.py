@@ -1,8 +1,8 @@
 """Preference losses on the fused LM head: DPO with TRL 1.16's loss types (combined, f-DPO, LD-DPO, WPO), IPO,
 CPO / AlphaPO, SimPO, ORPO and KTO; `make_preference_loss` builds one from a loss-type name.
 
-Same calling conventions as every `ludic_fast.losses` loss (`loss_fn(batch, hidden=, weight=, bias=)`,
-`loss_fn(batch, logits=)`, `loss_fn.compute(logits, batch)`); position t scores token t+1, only action
+Same calling conventions as every head loss (`ludic_fast.losses.base.HeadLoss`: `loss_fn(batch, hidden=,
+weight=, bias=)`, `loss_fn(batch, logits=)`, `loss_fn.compute(logits, batch)`); position t scores token t+1, only action
 tokens (the response) enter the head, no [N, V] tensor is formed.
 
 Pair layout (`ludic_fast.data.pair_batching.collate_pairs`, padded or packed): sequence 2i is the chosen
@@ -31,12 +31,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ludic_fast.losses import HeadLoss
-from ludic_fast.preference.common import log1mexp
-from ludic_fast.preference.dpo import DPOLoss, IPOLoss
-from ludic_fast.preference.dpo_terms import LOSS_TYPES as DPO_LOSS_TYPES
-from ludic_fast.preference.kto import KTOLoss
-from ludic_fast.preference.reference_free import CPO_LOSS_TYPES, CPOLoss, ORPOLoss, SimPOLoss
+from ludic_fast.losses.base import HeadLoss
+from ludic_fast.losses.preference.common import log1mexp
+from ludic_fast.losses.preference.dpo import DPOLoss, IPOLoss
+from ludic_fast.losses.preference.dpo_terms import LOSS_TYPES as DPO_LOSS_TYPES
+from ludic_fast.losses.preference.kto import KTOLoss
+from ludic_fast.losses.preference.reference_free import CPO_LOSS_TYPES, CPOLoss, ORPOLoss, SimPOLoss
 
 #: single-objective names of `make_preference_loss` besides the DPO loss types, with the class they build and
 #: the fixed arguments they set

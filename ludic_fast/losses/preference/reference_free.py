@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ludic_fast.losses import Stats
-from ludic_fast.preference.common import (
+from ludic_fast.losses.base import Stats, seq_logps
+from ludic_fast.losses.preference.common import (
     PairLoss,
     check_beta,
     check_pairs,
@@ -21,7 +21,6 @@ from ludic_fast.preference.common import (
     log1mexp,
     pair_stats,
     policy_stats,
-    seq_logps,
     smoothed_sigmoid_loss,
 )
 from ludic_fast.token_batch import TokenBatch

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ludic_fast.preference.common import smoothed_sigmoid_loss
+from ludic_fast.losses.preference.common import smoothed_sigmoid_loss
 
 
 @dataclass

@@ -1,0 +1,31 @@
+"""The per-token policy weights of CISPO and SAPO, written once: the library's losses and the TRL and verl
+integrations all call these (their float64 twins in `ludic_fast.reference` stay independent: they are the
+spec).
+
+    cispo_weight   w_t = sg(clip(r_t, low, high))            CISPO (MiniMax-M1, arXiv 2506.13585): l_t = -w_t A_t lp_t
+    sapo_gate      g_t = (4 / τ_t) σ(τ_t (r_t - 1)),         SAPO (arXiv 2511.20347): l_t = -g_t A_t
+                   τ_t = tau_pos if A_t > 0 else tau_neg
+
+CISPO's bounds: relative (1 - ε_lo, 1 + ε_hi) in Ludic and verl, an absolute cap (None, ε_max) in TRL and
+ScaleRL. r_t = exp(lp_t - old_lp_t) is the importance ratio (token or, broadcast, sequence level).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def cispo_weight(ratio: Tensor, low: float | None, high: float | None) -> Tensor:
+    """sg(clip(r, low, high)): the ratio clipped to [low, high] (a None bound is open) and detached."""
+    return torch.clamp(ratio.detach(), min=low, max=high)
+
+
+def sapo_gate(ratio: Tensor, adv: Tensor, tau_pos: float, tau_neg: float) -> Tensor:
+    """(4 / τ) σ(τ (r - 1)) per token, τ = tau_pos where adv > 0 else tau_neg (in the ratio's dtype);
+    differentiable in r (its derivative at r = 1 is 1, the on-policy gradient of the ratio)."""
+    tau = torch.where(adv > 0, ratio.new_tensor(tau_pos), ratio.new_tensor(tau_neg))
+    return (4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0))
+
+
+__all__ = ["cispo_weight", "sapo_gate"]
