@@ -50,6 +50,7 @@ MODULES = [
     ("ludic_fast.run.loggers", "training loggers and the curve plot"),
     ("ludic_fast.run.warnings", "warnings for steps that cannot learn"),
     ("ludic_fast.rollout", "rollout engines, tasks, rewards, batch sources, evaluation"),
+    ("ludic_fast.agents", "agents in environments: multi-turn episodes with tools, token-exact"),
     ("ludic_fast.embedded", "the embedded default: tiny model, character tokenizer, addition task"),
     ("ludic_fast.integrations.transformers", "hidden states and head of any transformers causal LM"),
     ("ludic_fast.integrations.packing", "exact packed (padding-free) attention inputs and their probe"),

@@ -37,7 +37,8 @@ from ludic_fast.run.stats import Reducer, aggregate_stats
 
 log = logging.getLogger("ludic_fast.trainer")  # the public trainer's logger name
 
-#: batch-meta values logged with the step when the source sets them
+#: batch-meta values logged with the step when the source sets them (and every `episode_*` value: the
+#: episode statistics of `ludic_fast.agents.EnvBatchSource`)
 _META_KEYS = ("oversampling_factor", "zvp_filter_frac", "rollout_rounds", "zero_variance_group_frac",
               "zero_weight_frac", "empty_batches")
 
@@ -157,7 +158,7 @@ class RLObjective:
     def step_stats(self, engine: Any, saw_batch: SAWBatch, micro_stats: Sequence[dict[str, Any]],
                    sizes: Sequence[int]) -> dict[str, Any]:
         stats = aggregate_stats(micro_stats, [saw_batch], reducers=self.reducers, micro_batch_sizes=list(sizes))
-        stats.update({k: float(saw_batch.meta[k]) for k in _META_KEYS if k in saw_batch.meta})
+        stats.update({k: float(v) for k, v in saw_batch.meta.items() if k in _META_KEYS or k.startswith("episode_")})
         return stats
 
     def after_step(self, engine: Any, stats: dict[str, Any], aux: Sequence[Any], finite: bool) -> None:
