@@ -3,12 +3,16 @@ forward under autocast; bf16 close to fp32; fp16 with a dynamic loss scale that 
 
 from __future__ import annotations
 
+import copy
+import math
+
 import pytest
 import torch
 from _trainer_fixtures import ListSource, make_items, tiny_model
 
 from ludic_fast.algorithm import make_cispo
 from ludic_fast.data.types import SAWBatch
+from ludic_fast.engine.guard import NonFiniteError
 from ludic_fast.trainer import Trainer, TrainerConfig
 
 
@@ -63,6 +67,30 @@ def test_fp16_loss_scale_steps_and_skips_an_overflow():
     assert all(torch.equal(a, p) for a, p in zip(weights, trainer.model.parameters()))
     assert trainer.scaler.get_scale() == 2.0**99 and scale0 > 0  # halved after the overflow
 
+
+def test_fp16_overflows_do_not_stop_the_run_but_a_non_finite_loss_does():
+    """Four fp16 steps whose scaled gradients overflow (finite loss, infinite gradient) are skipped and halve
+    the loss scale, and the run goes on: `max_nonfinite_steps` (3) counts steps whose loss is not finite, which
+    still stop the run at the third in a row."""
+    trainer = _trainer(make_items(4, seed=5), mixed_precision_dtype="fp16", lr=1e-2)
+    assert trainer.train_step_sync()["train/step_skipped"] == 0.0
+    trainer.scaler.update(new_scale=2.0**100)  # every scaled gradient below overflows in fp16
+    for _ in range(4):
+        stats = trainer.train_step_sync()
+        assert stats["train/step_skipped"] == 1.0 and math.isfinite(stats["train/loss"])
+    assert trainer.skipped_steps == 4 and trainer.step_idx == 5 and trainer.scaler.get_scale() == 2.0**96
+    trainer.algo.preprocess = _poisoned
+    trainer.train_step_sync()
+    trainer.train_step_sync()
+    with pytest.raises(NonFiniteError, match=r"^step 8: the loss was not finite for 3 steps in a row"):
+        trainer.train_step_sync()
+
+
+def _poisoned(batch: SAWBatch) -> SAWBatch:
+    bad = copy.copy(batch.items[0])
+    bad.weight = float("nan")  # after construction: bypasses SAWItem's finiteness check
+    batch.items[0] = bad
+    return batch
 
 def test_mixed_precision_dtype_validation():
     with pytest.raises(ValueError, match="mixed_precision_dtype"):

@@ -77,6 +77,20 @@ def test_sampling_from_non_finite_probabilities_names_the_step():
         trainer.train_step_sync()
 
 
+def test_a_foreign_runtime_error_from_the_batch_source_passes_through_unchanged():
+    """Only torch's refusal to sample from inf/nan probabilities is a divergence; any other RuntimeError of a
+    batch source (a server gone, a bug) reaches the caller as it was raised."""
+    error = RuntimeError("connection to the rollout server was reset")
+
+    class Broken:
+        async def next_batch(self):
+            raise error
+
+    trainer = Trainer(model=tiny_model(), algo=make_cispo(group_size=1), batch_source=Broken(), cfg=_cfg(lr=0.5))
+    with pytest.raises(RuntimeError) as info:
+        trainer.train_step_sync()
+    assert info.value is error
+
 def test_cli_diverged_run_stops_with_one_line_and_keeps_its_files(tmp_path, capsys):
     """--lr 1e10 --sft-lr 1e10 (a traceback from torch.multinomial before): exit 1, one line naming the step
     and the learning rate; the metrics logged so far and summary.json are written."""

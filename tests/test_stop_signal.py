@@ -1,7 +1,7 @@
 """SIGINT / SIGTERM to `ludic-fast train` (a subprocess): the first finishes the current step, writes a
 checkpoint of it, summary.json and the curves, prints one line saying what was saved and how to resume, and
 exits 130 / 143 without a traceback, in the RL phase (asyncio loop), the SFT phase and an offline preset; a
-second SIGINT ends the run at once."""
+second SIGINT ends the run at once; and (in process) the caller's own handlers are back once the stop context closes."""
 
 from __future__ import annotations
 
@@ -79,3 +79,30 @@ def test_second_sigint_ends_at_once_without_traceback(tmp_path):
     assert code == 130 and "Traceback" not in err
     assert err.strip().splitlines()[-1] == "SIGINT again: stopping at once"
     assert "stopped by SIGINT" not in err  # it did not get to finish the step and write the summary
+
+
+def test_the_callers_handlers_are_back_after_the_stop_context():
+    """In process (a notebook, a caller's program): while the context is open a signal is the run's stop
+    request; after it closes, SIGINT and SIGTERM reach the handlers the caller had, so the first Ctrl-C after a
+    run is the caller's (not swallowed as a second request that ends the process)."""
+    from ludic_fast.engine.stop import STOP_SIGNALS, StopOnSignal
+
+    seen = []
+
+    def callers(signum, frame):
+        seen.append(signum)
+
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, callers)
+        with StopOnSignal() as stop:
+            assert all(signal.getsignal(sig) is not callers for sig in STOP_SIGNALS)
+            signal.raise_signal(signal.SIGTERM)
+        assert stop.requested and stop.exit_code == 143 and seen == []
+        assert [signal.getsignal(sig) for sig in STOP_SIGNALS] == [callers, callers]
+        signal.raise_signal(signal.SIGINT)
+        assert seen == [signal.SIGINT]
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
