@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 
 import pytest
 from _trainer_fixtures import ListSource, make_items, tiny_model
@@ -16,8 +17,9 @@ from ludic_fast.cli import train as train_cli
 from ludic_fast.data.credit import ConstantCredit
 from ludic_fast.data.types import SAWBatch
 from ludic_fast.engine.guard import NonFiniteError
+from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.losses import CISPOLoss
-from ludic_fast.run.loggers import read_jsonl
+from ludic_fast.run.loggers import JSONLLogger, read_jsonl
 from ludic_fast.trainer import Trainer, TrainerConfig
 
 COMMON = ["--logger", "none", "--threads", "1", "--device", "cpu", "--no-plot"]
@@ -148,6 +150,40 @@ def test_resumed_run_files_equal_the_uninterrupted_run(tmp_path):
         del s["wall_time_s"], s["metrics"]
     assert summaries[0] == summaries[1] and len(summaries[0]["reward_curve"]) == 4
 
+
+def test_run_cut_in_the_sft_phase_resumes_to_the_files_of_the_uninterrupted_run(tmp_path, monkeypatch):
+    """A stop requested during SFT step 3 of 4 (the stop checkpoints step 3), then --resume: metrics.jsonl and
+    summary.json equal those of an uninterrupted run (timings aside), so step 3's record is kept once."""
+    common = ["train", *FAST, "--sft-steps", "4", "--rl-steps", "1", "--checkpoint-every", "2", "--eval-every", "0"]
+    assert train_cli.main([*common, "--output-dir", str(tmp_path / "full")]) == 0
+    stops = []
+
+    class Recorded(StopOnSignal):
+        def __enter__(self):
+            stops.append(self)
+            return super().__enter__()
+
+    class SigtermInSftStep3(JSONLLogger):
+        def log(self, step, stats):
+            super().log(step, stats)
+            if self.extra.get("phase") == "sft" and step == 3:
+                stops[-1]._handle(signal.SIGTERM, None)  # what the handler does when SIGTERM arrives
+
+    cut = str(tmp_path / "cut")
+    with monkeypatch.context() as m:
+        m.setattr(train_cli, "StopOnSignal", Recorded)
+        m.setattr(train_cli, "JSONLLogger", SigtermInSftStep3)
+        assert train_cli.main([*common, "--output-dir", cut]) == 143
+    logged = read_jsonl(tmp_path / "cut" / "metrics.jsonl")
+    assert [(r["phase"], r["step"]) for r in logged] == [("sft", 1), ("sft", 2), ("sft", 3)]
+    assert train_cli.main([*common, "--output-dir", cut, "--resume"]) == 0
+    full, resumed = (read_jsonl(tmp_path / d / "metrics.jsonl") for d in ("full", "cut"))
+    assert [(r["phase"], r["step"]) for r in resumed] == [(r["phase"], r["step"]) for r in full]
+    assert _without_timings(resumed) == _without_timings(full)
+    summaries = [json.loads((tmp_path / d / "summary.json").read_text()) for d in ("full", "cut")]
+    for s in summaries:
+        del s["wall_time_s"], s["metrics"]
+    assert summaries[0] == summaries[1]
 
 def test_torchrun_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
     """Under torchrun every rank would train the whole run alone (before: it did, silently)."""
