@@ -1,11 +1,11 @@
 """RL on your own prompt/answer JSONL task with a Hugging Face model (GRPO-family preset, CPU or GPU).
 
     python examples/train_jsonl_task.py --model Qwen/Qwen2.5-0.5B-Instruct --task data/train.jsonl \\
-        --reward numeric --preset dapo --rl-steps 200 --engine vllm
+        --reward numeric --preset dapo --rl-steps 200 --sampler vllm
 
 A thin wrapper over `ludic-fast train` (same flags): rows are {"prompt": ..., "answer": ..., "id"?: ...};
 rewards exact | numeric | format:<regex>; presets by name (grpo, dr_grpo, dapo, gspo, cispo, scalerl,
-rl_zvp, reinforce, reinforce_baseline); `--engine vllm` samples with vLLM on the GPU (weights synced after
+rl_zvp, reinforce, reinforce_baseline); `--sampler vllm` samples with vLLM on the GPU (weights synced after
 every step); `--lora-r 16` trains LoRA adapters; `--checkpoint-every 50 --resume` for long runs.
 """
 

@@ -91,17 +91,17 @@ def test_missing_optional_packages_name_the_extra(capsys, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("vllm", "peft") else real(name))
     line = one_line_error(capsys, ["train", "--engine", "vllm", "--model", "embedded"])
-    assert "--engine vllm needs the optional package vllm: pip install 'ludic-fast[vllm]'" in line
-    assert "--vllm-arg needs --engine vllm" in one_line_error(capsys, ["train", "--vllm-arg", "max_num_seqs=8"])
+    assert "--sampler vllm needs the optional package vllm: pip install 'ludic-fast[vllm]'" in line
+    assert "--vllm-arg needs --sampler vllm" in one_line_error(capsys, ["train", "--vllm-arg", "max_num_seqs=8"])
     line = one_line_error(capsys, ["train", "--engine", "vllm", "--vllm-url", "http://127.0.0.1:8000"])
-    assert "--vllm-url needs --engine vllm-server" in line
+    assert "--vllm-url needs --sampler vllm-server" in line
     line = one_line_error(capsys, ["train", "--engine", "vllm-server"])
-    assert "--engine vllm-server needs the optional package vllm" in line
+    assert "--sampler vllm-server needs the optional package vllm" in line
     assert "expected KEY=VALUE" in one_line_error(capsys, ["train", "--engine", "vllm", "--vllm-arg", "8"])
     assert "pip install 'ludic-fast[lora]'" in one_line_error(capsys, ["train", "--lora-r", "4"])
     monkeypatch.setattr("ludic_fast.cli.validation.check_pretrained", lambda *a, **k: None)  # no Hub lookup
     line = one_line_error(capsys, ["train", "--engine", "vllm", "--model", "some/model"])
-    assert "--engine vllm needs the optional package vllm: pip install 'ludic-fast[vllm]'" in line
+    assert "--sampler vllm needs the optional package vllm: pip install 'ludic-fast[vllm]'" in line
 
 
 def test_demo_rejects_model_and_task(capsys):

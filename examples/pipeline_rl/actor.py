@@ -3,7 +3,7 @@
     python examples/pipeline_rl/actor.py --redis-url redis://HOST:6379/0 --prefix run1 --actor-id a0 --seed 1
 
 Model, task, preset and sampling flags are those of `ludic-fast train` and must match the learner's;
-`--engine vllm` samples with an in-process vLLM (GPU) that loads each published version. Give every actor
+`--sampler vllm` samples with an in-process vLLM (GPU) that loads each published version. Give every actor
 its own --actor-id and --seed. Runs until the learner marks the run done (or --rounds batches), logging
 each round; it waits while the stream holds --max-queued items (default: 4 learner batches), so it never
 runs far ahead of the learner. SIGINT / SIGTERM push the round in progress (or stop waiting), print one line and
@@ -63,7 +63,7 @@ def run(argv: list[str] | None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     model, tok = build_model_and_tokenizer(args, tok)  # the architecture; the weights come from the learner
-    engine = build_engine(args, model.to(args.device), tok)  # --engine hf (transformers generate) or vllm
+    engine = build_engine(args, model.to(args.device), tok)  # --sampler hf (transformers generate) or vllm
     rollouts = build_rollout_source(args, engine, tok, task, make_algorithm(args))  # as `ludic-fast train`
     keys = PipelineKeys(args.prefix)
     subscriber = RedisWeightSubscriber(args.redis_url, engine.publish, keys=keys)  # load_state_dict + version

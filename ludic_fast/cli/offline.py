@@ -1,4 +1,5 @@
-"""`ludic-fast train --preset {dpo,ipo,simpo,orpo,kto,reward,distill}`: offline objectives, no rollouts.
+"""`ludic-fast train --preset NAME` for the offline presets (the records of `cli/presets.py` whose kind is not
+rl: preference pairs, KTO, reward model, distillation): objectives on a fixed dataset, no rollouts.
 
 Data: `--pref-data` JSONL in the preset's format (`ludic_fast.data.preference_data`), else the embedded rows
 built from the addition task. Model: `--model` ('embedded': the tiny Llama, random init). dpo, ipo and kto
@@ -15,13 +16,12 @@ save_pretrained; reward adds model/value_head.safetensors), checkpoints under <p
 to its step; without a checkpoint there it is an error). The first SIGINT / SIGTERM finishes the current
 step, checkpoints (when on), writes everything above and exits 130 / 143 (`ludic-fast train`). The
 metric: rewards_accuracy for the pair presets and reward, the rewards margin (chosen - rejected) for kto,
-the loss for distill.
+the loss for distill (each record's `metric`).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib.util
 import json
 import os
@@ -33,44 +33,31 @@ from typing import Any
 import torch
 
 from ludic_fast.cli import run_setup
+from ludic_fast.cli.preset_builders import BuildInputs, preference_loss
+from ludic_fast.cli.presets import PRESETS, preset_names
 from ludic_fast.cli.recipe import apply_recipe
-from ludic_fast.cli.validation import UsageError, as_flags, check_args, check_device, check_output_dir
+from ludic_fast.cli.validation import UsageError, as_flags, check_args, check_device, check_output_dir, comma_numbers
 from ludic_fast.data.preference_data import embedded_rows, encode_rows, read_rows
 from ludic_fast.engine.config import TrainerConfig
 from ludic_fast.engine.guard import NonFiniteError
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.engine.trainer import Trainer
-from ludic_fast.objectives.distill import DistillObjective
-from ludic_fast.objectives.preference import PreferenceObjective
 from ludic_fast.objectives.reward import RewardObjective
-from ludic_fast.ops import linear_cross_entropy
-from ludic_fast.preference import (
-    CPO_LOSS_TYPES,
-    DPO_LOSS_TYPES,
-    CPOLoss,
-    DPOLoss,
-    IPOLoss,
-    KTOLoss,
-    ORPOLoss,
-    SimPOLoss,
-    make_preference_loss,
-)
 from ludic_fast.rollout import resolve_chat_template
 from ludic_fast.run.checkpoint import CheckpointManager
 from ludic_fast.run.loggers import JSONLLogger, TeeLogger, WandbLogger, keep_jsonl_records, plot_curves, read_jsonl
 
-FORMAT = {"dpo": "pairs", "ipo": "pairs", "simpo": "pairs", "orpo": "pairs", "cpo": "pairs", "reward": "pairs",
-          "kto": "kto", "distill": "completions"}
-OFFLINE_PRESETS = tuple(FORMAT)
-UNIT = {"pairs": "preference pairs", "kto": "labelled completions", "completions": "completions"}
-LOSSES = {"dpo": DPOLoss, "ipo": IPOLoss, "simpo": SimPOLoss, "orpo": ORPOLoss, "cpo": CPOLoss, "kto": KTOLoss}
-METRIC = {p: "train/rewards_accuracy" for p in ("dpo", "ipo", "simpo", "orpo", "cpo", "reward")}
-METRIC.update(kto="train/rewards_margin", distill="train/loss")
+#: the offline presets and, by name, their data format, preference loss class, headline metric and unit of data
+OFFLINE_PRESETS = preset_names(offline=True)
+FORMAT = {p.name: p.data for p in PRESETS if p.offline}
+LOSSES = {p.name: p.loss for p in PRESETS if p.loss is not None}
+METRIC = {p.name: p.metric for p in PRESETS if p.offline}
+UNIT = {p.data: p.unit for p in PRESETS if p.offline}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The offline presets' flags (a group of `ludic-fast train`)."""
-    g = p.add_argument_group("offline presets (dpo, ipo, simpo, orpo, kto, reward, distill)")
+    g = p.add_argument_group(f"offline presets ({', '.join(OFFLINE_PRESETS)})")
     g.add_argument("--offline-steps", type=int, default=100, help="optimizer steps of an offline preset")
     g.add_argument("--pref-data", default=None, help="JSONL in the preset's format (default: embedded rows)")
     g.add_argument("--pref-batch-size", type=int, default=16, help="pairs / examples per step")
@@ -85,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--loss-type", type=_names, default=None,
                    help="dpo: TRL's DPO loss type(s), comma-separated to combine (e.g. sigmoid,sft = RPO); "
                         "cpo: one of CPO's (sigmoid, hinge, ipo, simpo); default sigmoid")
-    g.add_argument("--loss-weights", type=_weights, default=None,
+    g.add_argument("--loss-weights", type=comma_numbers, default=None,
                    help="dpo: one weight per --loss-type, comma-separated (default: 1 each)")
     g.add_argument("--entropy-stats", action="store_true",
                    help="dpo, ipo, simpo, orpo, cpo: also log the policy's mean entropy per side "
@@ -99,39 +86,9 @@ def _names(text: str) -> list[str]:
     return names
 
 
-def _weights(text: str) -> list[float]:
-    try:
-        return [float(w) for w in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
 def _loss(args: argparse.Namespace) -> Any:
-    """The preset's preference loss: `make_preference_loss(--loss-type, weights=--loss-weights)` for dpo with
-    --loss-type (DPO loss types only), else the preset's class; `--beta` and `--entropy-stats` when given."""
-    options = {} if args.beta is None else {"beta": args.beta}
-    if args.entropy_stats:
-        options["entropy_stats"] = True
-    if args.loss_type is None:
-        if args.loss_weights is not None:
-            raise UsageError("--loss-weights needs --loss-type (the loss types they weigh)")
-        return LOSSES[args.preset](**options)
-    if args.preset == "cpo":
-        return _cpo_loss(args, options)
-    unknown = [n for n in args.loss_type if n not in DPO_LOSS_TYPES]
-    if unknown:
-        raise UsageError(f"--loss-type {unknown[0]}: not a DPO loss type (one of {', '.join(DPO_LOSS_TYPES)})")
-    try:
-        return make_preference_loss(args.loss_type, weights=args.loss_weights, **options)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"--loss-type/--loss-weights: {exc}") from None
-
-
-def _cpo_loss(args: argparse.Namespace, options: dict[str, Any]) -> CPOLoss:
-    """cpo with --loss-type: one of CPO's types (TRL's CPOTrainer loss_type; --loss-weights is dpo's only)."""
-    if len(args.loss_type) != 1 or args.loss_type[0] not in CPO_LOSS_TYPES:
-        raise UsageError(f"--loss-type {','.join(args.loss_type)}: cpo takes one of {', '.join(CPO_LOSS_TYPES)}")
-    return CPOLoss(loss_type=args.loss_type[0], **options)
+    """The preference loss `--preset` builds from the flags (`cli.preset_builders.preference_loss`)."""
+    return preference_loss(LOSSES[args.preset])(args)
 
 
 def _examples(args: argparse.Namespace, tok: Any, chat: bool) -> list[Any]:
@@ -141,48 +98,6 @@ def _examples(args: argparse.Namespace, tok: Any, chat: bool) -> list[Any]:
     except (OSError, ValueError) as exc:
         raise UsageError(f"--pref-data: {exc}") from None
     return encode_rows(rows, fmt, tok, chat_template=chat)
-
-
-def _embedded_teacher(args: argparse.Namespace, tok: Any, examples: list[Any]) -> torch.nn.Module:
-    """A tiny Llama of hidden size 96 fitted to the completions by `--teacher-steps` steps of CE."""
-    from ludic_fast.data.pair_batching import collate_completions
-    from ludic_fast.embedded import build_tiny_model
-
-    teacher = build_tiny_model(len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                               bos_token_id=tok.bos_token_id, seed=args.seed + 1, hidden_size=96,
-                               intermediate_size=192)
-    opt = torch.optim.AdamW(teacher.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(args.seed)
-    for _ in range(args.teacher_steps):
-        idx = torch.randint(0, len(examples), (32,), generator=gen).tolist()
-        b = collate_completions(*zip(*[examples[i] for i in idx]), pad_token_id=tok.pad_token_id)
-        h = teacher.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
-        tgt = torch.where(b["action_mask"][:, 1:] > 0, b["input_ids"][:, 1:], -100)
-        linear_cross_entropy(h[:, :-1], teacher.lm_head.weight, tgt).backward()
-        opt.step()
-        opt.zero_grad()
-    teacher.eval().requires_grad_(False)
-    return teacher
-
-
-def _objective(args: argparse.Namespace, model: torch.nn.Module, tok: Any, examples: list[Any]) -> Any:
-    if args.preset == "reward":
-        return RewardObjective(torch.nn.Linear(model.config.hidden_size, 1))
-    if args.preset == "distill":
-        if args.teacher == "embedded":
-            teacher = _embedded_teacher(args, tok, examples)
-        else:
-            from transformers import AutoModelForCausalLM
-
-            teacher = AutoModelForCausalLM.from_pretrained(args.teacher, dtype=torch.float32).eval()
-            teacher.requires_grad_(False)
-        return DistillObjective(teacher, kind=args.distill_kind, beta=args.distill_beta,
-                                temperature=args.distill_temperature, hard_weight=args.hard_weight,
-                                on_policy_fraction=args.on_policy_fraction, max_new_tokens=args.max_new_tokens,
-                                eos_token_id=tok.eos_token_id, seed=args.seed)
-    loss_fn = _loss(args)
-    ref = copy.deepcopy(model).eval().requires_grad_(False) if loss_fn.uses_reference else None
-    return PreferenceObjective(loss_fn, ref)
 
 
 def _check(args: argparse.Namespace, command: str) -> None:
@@ -195,8 +110,7 @@ def _check(args: argparse.Namespace, command: str) -> None:
     check_device(args.device)
     apply_recipe(args)  # resolves --attn and --dtype
     check_args(args)
-    if args.preset in LOSSES:
-        _loss(args)
+    PRESETS[args.preset].check(args)
     try:  # the engine's own cross-field checks, before anything runs
         engine_config(args, 0)
     except ValueError as exc:
@@ -231,8 +145,8 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
     torch.manual_seed(args.seed)
     model, tok = run_setup.build_model_and_tokenizer(args, tok)
     model.to(args.device)
-    objective = _objective(args, model, tok, examples).use_examples(examples, batch_size=args.pref_batch_size,
-                                                                    seed=args.seed)
+    objective = PRESETS[args.preset].build(args, BuildInputs(model, tok, examples))
+    objective.use_examples(examples, batch_size=args.pref_batch_size, seed=args.seed)
     print(f"ludic-fast {command}: {args.offline_steps} steps of {args.preset} on {len(examples)} "
           f"{UNIT[FORMAT[args.preset]]} ({args.pref_data or 'embedded'}); output {out}", flush=True)
     console = run_setup.build_console_logger(args.logger)

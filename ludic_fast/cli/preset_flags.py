@@ -1,65 +1,49 @@
-"""Which `ludic-fast train` flags apply to which preset: a flag given on the command line that the chosen
-preset cannot use is a one-line error before anything runs, never silently ignored.
-
-The trainer flags (precision, schedule, LoRA, layout, token budget, memory budget, body kernels, compile,
-checkpoints, logging) apply to every preset; the rollout and SFT warm-up flags only to the RL presets; the
-offline flags only to the offline presets, and some only to one of them.
-"""
+"""Which `ludic-fast train` flags apply to which preset, read from the preset records (`cli/presets.py`): a flag
+given on the command line (or in a `--config` file) that the chosen preset does not read is a one-line error
+before anything runs, never silently ignored. Every preset reads `TRAINER_FLAGS`; each reads its own `flags`;
+the sampler flags (`--vllm-arg`, `--vllm-url`) apply only to the samplers that read them."""
 
 from __future__ import annotations
 
 import argparse
 
+from ludic_fast.cli.presets import PRESETS, RL_FLAGS, TRAINER_FLAGS
 from ludic_fast.cli.validation import UsageError
 
-#: flags of the RL presets (rollouts, the SFT warm-up, evaluation on a task)
-RL_ONLY = ("task", "eval_task", "eval_holdout", "eval_on_train", "reward", "sft_steps", "sft_batch_size", "sft_lr",
-           "sft_data", "rl_steps", "prompts_per_batch", "group_size", "temperature", "dynamic_sampling",
-           "max_rounds", "tie_jitter", "engine", "vllm_arg", "vllm_url", "max_lag", "eval_every")
-#: flags of the offline presets, and the presets (of those) that read them
-OFFLINE_ONLY = {
-    "offline_steps": None,
-    "pref_data": None,
-    "pref_batch_size": None,
-    "beta": ("dpo", "ipo", "simpo", "orpo", "cpo", "kto"),
-    "teacher": ("distill",),
-    "teacher_steps": ("distill",),
-    "distill_kind": ("distill",),
-    "distill_beta": ("distill",),
-    "distill_temperature": ("distill",),
-    "hard_weight": ("distill",),
-    "on_policy_fraction": ("distill",),
-    "loss_type": ("dpo", "cpo"),
-    "loss_weights": ("dpo",),
-    "entropy_stats": ("dpo", "ipo", "simpo", "orpo", "cpo"),
-}
-#: flags read by some offline presets: max-new-tokens (on-policy distillation samples); backend (the presets
-#: whose loss runs the LM head: not reward, whose value head scores the hidden states)
-OFFLINE_USES = {"max_new_tokens": ("distill",), "backend": ("dpo", "ipo", "simpo", "orpo", "cpo", "kto", "distill")}
+#: flags of the RL presets (kept for code that reads this name; the records are the source)
+RL_ONLY = tuple(d for d in RL_FLAGS if not any(d in p.flags for p in PRESETS if p.offline))
 
 
-def _given(parser: argparse.ArgumentParser, args: argparse.Namespace, dest: str) -> bool:
-    return hasattr(args, dest) and getattr(args, dest) != parser.get_default(dest)
+def readers(dest: str) -> tuple[str, ...]:
+    """The presets that read the flag `dest` (every preset for a trainer flag)."""
+    if dest in TRAINER_FLAGS:
+        return PRESETS.names()
+    return tuple(p.name for p in PRESETS if dest in p.flags)
+
+
+def unusable_flags(preset: str, given: list[str]) -> list[str]:
+    """The flags (dest names) of `given` that `preset` does not read, in the order given."""
+    reads = set(TRAINER_FLAGS) | set(PRESETS[preset].flags)
+    return [d for d in given if d not in reads]
+
+
+def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The dest names whose parsed value differs from the parser's default (given on the command line)."""
+    return [a.dest for a in parser._actions
+            if a.dest != "help" and hasattr(args, a.dest) and getattr(args, a.dest) != parser.get_default(a.dest)]
 
 
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def check_flag_scope(parser: argparse.ArgumentParser, args: argparse.Namespace, offline_presets: tuple[str, ...]
-                     ) -> None:
-    """UsageError for the first flag given on the command line that `args.preset` cannot use (call it on the
-    parsed flags, before the recipe fills in its defaults)."""
-    preset = args.preset
-    if preset in offline_presets:
-        unusable = [d for d in RL_ONLY if _given(parser, args, d)]
-        unusable += [d for d, only in OFFLINE_ONLY.items() if only and preset not in only and _given(parser, args, d)]
-        unusable += [d for d, users in OFFLINE_USES.items() if preset not in users and _given(parser, args, d)]
-    else:
-        unusable = [d for d in OFFLINE_ONLY if _given(parser, args, d)]
+def check_flag_scope(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """UsageError for the first flag given that `args.preset` does not read (call it on the parsed flags, before
+    the recipe fills in its defaults)."""
+    unusable = unusable_flags(args.preset, given_flags(parser, args))
     if unusable:
-        kind = "an offline preset" if preset in offline_presets else "an RL preset"
-        raise UsageError(f"{_flag(unusable[0])} does not apply to --preset {preset} ({kind}): drop it")
+        kind = "an offline preset" if PRESETS[args.preset].offline else "an RL preset"
+        raise UsageError(f"{_flag(unusable[0])} does not apply to --preset {args.preset} ({kind}): drop it")
 
 
-__all__ = ["RL_ONLY", "OFFLINE_ONLY", "OFFLINE_USES", "check_flag_scope"]
+__all__ = ["RL_ONLY", "readers", "unusable_flags", "given_flags", "check_flag_scope"]

@@ -39,10 +39,12 @@ from typing import Any
 import torch
 
 from ludic_fast import algorithm as presets
-from ludic_fast.cli.offline import OFFLINE_PRESETS
 from ludic_fast.cli.offline import add_arguments as add_offline_arguments
 from ludic_fast.cli.offline import main as offline_main
+from ludic_fast.cli.preset_builders import BuildInputs
 from ludic_fast.cli.preset_flags import check_flag_scope
+from ludic_fast.cli.presets import PRESETS as PRESET_RECORDS
+from ludic_fast.cli.presets import presets_epilog
 from ludic_fast.cli.recipe import add_recipe_arguments, apply_recipe, profile_default_help
 from ludic_fast.cli.run_setup import (
     build_console_logger,
@@ -65,13 +67,13 @@ from ludic_fast.cli.validation import (
     check_device,
     check_output_dir,
     check_task_tokens,
+    comma_numbers,
 )
 from ludic_fast.engine.guard import NonFiniteError
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.ops.budget import parse_memory_budget
 from ludic_fast.rollout import (
     Evaluator,
-    HFGenerateEngine,
     OfflineBatchSource,
     PromptAnswerTask,
     RolloutBatchSource,
@@ -80,6 +82,8 @@ from ludic_fast.rollout import (
     resolve_chat_template,
     sft_item,
 )
+from ludic_fast.rollout.rewards import reward_from_specs
+from ludic_fast.rollout.sampler import SAMPLERS, Sampler, SamplerSettings
 from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager
 from ludic_fast.run.loggers import (
     JSONLLogger,
@@ -93,18 +97,8 @@ from ludic_fast.run.stats import default_reducers
 from ludic_fast.run.warnings import LearningSignalMonitor, console_notifier
 from ludic_fast.trainer import Trainer
 
-#: presets by name; the group-based ones receive --group-size.
-PRESETS = {
-    "reinforce": (presets.make_reinforce, False),
-    "reinforce_baseline": (presets.make_reinforce_baseline, False),
-    "grpo": (presets.make_grpo, True),
-    "dr_grpo": (presets.make_dr_grpo, True),
-    "dapo": (presets.make_dapo, True),
-    "gspo": (presets.make_gspo, True),
-    "cispo": (presets.make_cispo, True),
-    "scalerl": (presets.make_scalerl, True),
-    "rl_zvp": (presets.make_rl_zvp, True),
-}
+#: the RL presets' records by name (every preset, RL and offline: `cli.presets.PRESETS`)
+PRESETS = {p.name: p for p in PRESET_RECORDS if not p.offline}
 
 
 #: metrics that only mean something for rollouts, left out of the SFT phase's records
@@ -112,7 +106,8 @@ RL_ONLY_KEYS = ("train/avg_total_reward", "train/target_rollouts", "train/effect
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
-    p = OneLineParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                      epilog=f"{presets_epilog()}\n\n{samplers_epilog()}")
     g = p.add_argument_group("model and task")
     g.add_argument("--model", default="embedded", help="'embedded' (tiny Llama from a config) or a HF name/path")
     g.add_argument("--tokenizer", default=None, help="HF tokenizer name/path (default: the model's, or embedded)")
@@ -136,7 +131,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         default=None,
         help="format prompts (SFT, rollouts, eval) with the tokenizer's chat template (default: when it has one)",
     )
-    g.add_argument("--reward", default="exact", help="exact | numeric | format:<regex>")
+    g.add_argument("--reward", action="append", default=None, metavar="SPEC",
+                   help=f"a reward function (repeatable, summed with --reward-weights): "
+                        f"{' | '.join(_reward_specs())} | module:function (default: exact)")
+    g.add_argument("--reward-weights", type=comma_numbers, default=None, metavar="W1,W2,...",
+                   help="one weight per --reward, comma-separated (TRL's reward_weights; default: 1 each)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda or cuda:N")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = leave torch's default)")
@@ -150,7 +149,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         help="chat JSONL ({'messages': [...]}, through the chat template); default: the task's answers",
     )
     g = p.add_argument_group("RL")
-    g.add_argument("--preset", default="cispo", choices=[*sorted(PRESETS), *OFFLINE_PRESETS])
+    g.add_argument("--preset", default="cispo", choices=PRESET_RECORDS.names(), help="what to train (list below)")
     g.add_argument("--rl-steps", type=int, default=80)
     g.add_argument("--prompts-per-batch", type=int, default=32)
     g.add_argument("--group-size", type=int, default=8)
@@ -164,12 +163,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     )
     g.add_argument("--max-rounds", type=int, default=4)
     g.add_argument("--tie-jitter", type=float, default=0.0)
-    g.add_argument(
-        "--engine", default="hf", choices=["hf", "vllm", "vllm-server"],
-        help="rollouts: transformers generate, vLLM in this process, or vLLM's OpenAI server ([vllm] extra)",
-    )
+    g.add_argument("--sampler", "--engine", dest="engine", default="hf", type=_sampler, action=_SamplerAction,
+                   metavar="NAME",
+                   help=f"what samples the rollouts: {', '.join(SAMPLERS.names())} (list below) or module:attr; "
+                        "--engine is its deprecated old name")
     g.add_argument("--vllm-url", default=None,
-                   help="--engine vllm-server: the URL of a running server (default: the run starts one)")
+                   help="--sampler vllm-server: the URL of a running server (default: the run starts one)")
     g.add_argument("--vllm-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
                    help="a vLLM engine argument (repeatable), e.g. max_num_batched_tokens=4096")
     g = p.add_argument_group("trainer")
@@ -209,12 +208,16 @@ def build_task(args: argparse.Namespace) -> PromptAnswerTask:
     if args.eval_task and args.eval_on_train:
         raise UsageError("--eval-on-train and --eval-task exclude each other")
     on_train = eval_on_train(args)
+    reward = reward_from_specs(args.reward or ["exact"], args.reward_weights)
     if args.task == "embedded":
         if args.eval_task:
             raise UsageError("--eval-task needs a JSONL --task (the embedded task has its own eval split)")
-        return embedded_default_task(seed=args.seed, held_out_eval=not on_train)
+        task = embedded_default_task(seed=args.seed, held_out_eval=not on_train)
+        if args.reward is None:
+            return task
+        return PromptAnswerTask(task.samples, reward, name=task.name, eval_samples=task.eval_samples)
     try:
-        task = PromptAnswerTask.from_jsonl(args.task, reward=args.reward, eval_path=args.eval_task)
+        task = PromptAnswerTask.from_jsonl(args.task, reward=reward, eval_path=args.eval_task)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.eval_task or args.eval_every <= 0:
@@ -242,26 +245,49 @@ def describe_eval(args: argparse.Namespace, task: PromptAnswerTask) -> str:
     return f"{n} rows held out of the task ({'--eval-holdout' if args.task != 'embedded' else 'held-out sums'})"
 
 
-def build_engine(args: argparse.Namespace, model: torch.nn.Module, tok: Any) -> Any:
-    """The rollout engine of --engine: transformers `generate` on the trainer's model, or vLLM (in this process,
-    or its server: started here, or --vllm-url's) serving --model (the embedded model: a copy saved under
-    --output-dir) in --dtype with the --vllm-arg engine arguments."""
-    if args.engine == "vllm":
-        from ludic_fast.rollout.vllm_engine import VLLMEngine
+def build_engine(args: argparse.Namespace, model: torch.nn.Module, tok: Any) -> Sampler:
+    """The rollout sampler of --sampler (`rollout.sampler.SAMPLERS`): transformers `generate` on the trainer's
+    model, vLLM (in this process, or its server: started here, or --vllm-url's) serving --model (the embedded
+    model: a copy saved under --output-dir) in --dtype with the --vllm-arg engine arguments, or a user's."""
+    settings = SamplerSettings(model=model, tokenizer=tok, seed=args.seed, dtype=VLLM_DTYPES[args.dtype],
+                               model_path=lambda: vllm_model_dir(args, tok), tokenizer_path=args.tokenizer,
+                               options=dict(args.vllm_arg), url=args.vllm_url)
+    return SAMPLERS.resolve(args.engine).build(settings)
 
-        kwargs = {"dtype": VLLM_DTYPES[args.dtype], **({"tokenizer": args.tokenizer} if args.tokenizer else {})}
-        return VLLMEngine(vllm_model_dir(args, tok), eos_token_id=tok.eos_token_id, seed=args.seed,
-                          **{**kwargs, **dict(args.vllm_arg)})
-    if args.engine == "vllm-server":
-        from ludic_fast.rollout.vllm_server import server_engine
 
-        engine_args = None if args.vllm_url else {  # a server given by URL runs with its own
-            "dtype": VLLM_DTYPES[args.dtype], **({"tokenizer": args.tokenizer} if args.tokenizer else {}),
-            **dict(args.vllm_arg),
-        }
-        return server_engine(vllm_model_dir(args, tok), url=args.vllm_url, eos_token_id=tok.eos_token_id,
-                             seed=args.seed, engine_args=engine_args)
-    return HFGenerateEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+build_sampler = build_engine
+
+
+def samplers_epilog() -> str:
+    """The `--help` listing of the registered samplers."""
+    width = max(len(e.name) for e in SAMPLERS)
+    return "samplers (--sampler NAME):\n" + "\n".join(f"  {e.name:<{width}}  {e.help}" for e in SAMPLERS)
+
+
+def _reward_specs() -> list[str]:
+    from ludic_fast.rollout.rewards import REWARD_FUNCS
+
+    return [f"{e.name}:<arg>" if e.takes_arg else e.name for e in REWARD_FUNCS]
+
+
+def _sampler(text: str) -> str:
+    if text not in SAMPLERS and ":" not in text:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(SAMPLERS.names())} "
+                                         "or module:attr)")
+    return text
+
+
+class _SamplerAction(argparse.Action):
+    """--sampler NAME; its old name --engine also gives a FutureWarning (shown to command-line users)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if option_string == "--engine":
+            import warnings
+
+            warnings.warn("--engine is deprecated: use --sampler (the training engine is ludic_fast.engine)",
+                          FutureWarning, stacklevel=2)
+        setattr(namespace, self.dest, values)
 
 
 #: vLLM's dtype names of the resolved --dtype
@@ -326,8 +352,8 @@ def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: Pr
 
 
 def make_algorithm(args: argparse.Namespace) -> Any:
-    factory, grouped = PRESETS[args.preset]
-    return factory(group_size=args.group_size) if grouped else factory()
+    """The RL preset's algorithm (its record's build)."""
+    return PRESET_RECORDS[args.preset].build(args, BuildInputs())
 
 
 def build_rollout_source(args: argparse.Namespace, engine: Any, tok: Any, task: PromptAnswerTask, algo: Any
@@ -505,12 +531,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(rest)
     try:
         check_single_process()
-        check_flag_scope(parser, args, OFFLINE_PRESETS)
+        check_flag_scope(parser, args)
     except UsageError as exc:
         print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)
         return 2
     with StopOnSignal() as stop:
-        if args.preset in OFFLINE_PRESETS:  # preference, reward-model and distillation presets: no rollouts
+        if PRESET_RECORDS[args.preset].offline:  # preference, reward-model and distillation presets: no rollouts
             return offline_main(args, command, stop)
         return _run(args, command, t0, stop)
 
@@ -538,7 +564,7 @@ def _run(args: argparse.Namespace, command: str, t0: float, stop: StopOnSignal) 
     print(_header(args, command, task), flush=True)
     console = build_console_logger(args.logger)
     monitor = LearningSignalMonitor(console_notifier(console))
-    if args.rl_steps > 0 and args.group_size == 1 and PRESETS[args.preset][1]:
+    if args.rl_steps > 0 and args.group_size == 1 and PRESETS[args.preset].data == "groups":
         monitor.warn(
             "group_size",
             f"--group-size 1 with {args.preset}: a group of one has advantage 0, so the RL steps cannot learn",

@@ -19,7 +19,8 @@ from typing import Any, NoReturn
 
 import torch
 
-from ludic_fast.rollout.rewards import get_reward
+from ludic_fast.rollout.rewards import reward_from_specs
+from ludic_fast.rollout.sampler import SAMPLERS
 
 
 class UsageError(ValueError):
@@ -75,10 +76,17 @@ _NUMBER_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
 
 #: optional packages a flag needs -> (module, pip requirement naming the extra)
 _EXTRAS = {
-    "engine_vllm": ("vllm", "pip install 'ludic-fast[vllm]'"),
     "lora": ("peft", "pip install 'ludic-fast[lora]'"),
     "wandb": ("wandb", "pip install 'ludic-fast[wandb]'"),
 }
+
+
+def comma_numbers(text: str) -> list[float]:
+    """An argparse type: comma-separated numbers ("1,0.5")."""
+    try:
+        return [float(w) for w in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 def _flag(attr: str) -> str:
@@ -179,27 +187,40 @@ def check_pretrained(name: str, flag: str, *, files: tuple[str, ...] = ("config.
         raise UsageError(msg) from None
 
 
+def check_sampler(args: argparse.Namespace) -> None:
+    """--sampler names a registered sampler or a loadable `module:attr`; a sampler flag (`--vllm-arg`,
+    `--vllm-url`) goes with a sampler that reads it; the sampler's optional package is installed."""
+    name = getattr(args, "engine", "hf")
+    try:
+        entry = SAMPLERS.resolve(name)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"--sampler: {exc}") from None
+    for dest in dict.fromkeys(d for e in SAMPLERS for d in e.flags):
+        if getattr(args, dest, None) and dest not in entry.flags:
+            readers = [e.name for e in SAMPLERS if dest in e.flags]
+            raise UsageError(f"{_flag(dest)} needs --sampler {' or '.join(readers)}")
+    if getattr(args, "vllm_url", None) and getattr(args, "vllm_arg", None):
+        raise UsageError("--vllm-arg cannot reach a server given by --vllm-url (it runs with its own engine arguments)")
+    if entry.package and not (entry.package_unless and getattr(args, entry.package_unless, None)):
+        require_package(*entry.package, what=f"--sampler {entry.name}")
+
+
 def check_args(args: argparse.Namespace) -> None:
     """All checks that need no model or data loaded: numbers, files, device, optional packages, models."""
     check_numbers(args)
     check_device(args.device)
+    if getattr(args, "reward_weights", None) is not None and len(args.reward_weights) != len(args.reward or ["exact"]):
+        raise UsageError(f"--reward-weights: one weight per --reward ({len(args.reward or ['exact'])}), "
+                         f"got {len(args.reward_weights)}")
     try:
-        get_reward(args.reward)
-    except (ValueError, re.error) as exc:
+        reward_from_specs(args.reward or ["exact"], getattr(args, "reward_weights", None))
+    except (ValueError, TypeError, re.error) as exc:
         raise UsageError(f"--reward: {exc}") from None
     for attr in ("task", "eval_task", "sft_data", "pref_data"):
         value = getattr(args, attr, None)
         if value is not None and not (attr == "task" and value == "embedded"):
             check_file(value, _flag(attr))
-    engine = getattr(args, "engine", "hf")
-    if engine == "hf" and getattr(args, "vllm_arg", None):
-        raise UsageError("--vllm-arg needs --engine vllm or vllm-server")
-    if engine != "vllm-server" and getattr(args, "vllm_url", None):
-        raise UsageError("--vllm-url needs --engine vllm-server")
-    if getattr(args, "vllm_url", None) and getattr(args, "vllm_arg", None):
-        raise UsageError("--vllm-arg cannot reach a server given by --vllm-url (it runs with its own engine arguments)")
-    if engine == "vllm" or (engine == "vllm-server" and not args.vllm_url):
-        require_package(*_EXTRAS["engine_vllm"], what=f"--engine {engine}")
+    check_sampler(args)
     if getattr(args, "lora_r", 0) > 0:
         require_package(*_EXTRAS["lora"], what="--lora-r")
     if getattr(args, "wandb", False):

@@ -158,7 +158,8 @@ class RLObjective:
     def step_stats(self, engine: Any, saw_batch: SAWBatch, micro_stats: Sequence[dict[str, Any]],
                    sizes: Sequence[int]) -> dict[str, Any]:
         stats = aggregate_stats(micro_stats, [saw_batch], reducers=self.reducers, micro_batch_sizes=list(sizes))
-        stats.update({k: float(v) for k, v in saw_batch.meta.items() if k in _META_KEYS or k.startswith("episode_")})
+        stats.update({k: float(v) for k, v in saw_batch.meta.items()
+                      if k in _META_KEYS or k.startswith(("episode_", "reward/"))})
         return stats
 
     def after_step(self, engine: Any, stats: dict[str, Any], aux: Sequence[Any], finite: bool) -> None:

@@ -1,17 +1,33 @@
-"""Rollouts: engines (transformers `generate`; vLLM in-process or its OpenAI server, imported lazily), tasks and
-rewards, batch sources (RolloutBatchSource with GRPO groups and DAPO dynamic sampling, OfflineBatchSource) and the
-eval loop."""
+"""Rollouts: samplers (the `Sampler` protocol and the `SAMPLERS` registry: transformers `generate`; vLLM
+in-process or its OpenAI server, imported lazily), tasks and rewards (the `REWARD_FUNCS` registry), batch
+sources (RolloutBatchSource with GRPO groups and DAPO dynamic sampling, OfflineBatchSource) and the eval loop."""
 
 from ludic_fast.rollout.engine import Completion, HFGenerateEngine, SamplingConfig
 from ludic_fast.rollout.offline import OfflineBatchSource, chat_item
 from ludic_fast.rollout.prompts import encode_prompt, resolve_chat_template, sft_item
-from ludic_fast.rollout.rewards import exact_match, format_reward, get_reward, numeric_match
+from ludic_fast.rollout.rewards import (
+    REWARD_FUNCS,
+    RewardEntry,
+    WeightedReward,
+    exact_match,
+    format_reward,
+    get_reward,
+    numeric_match,
+)
+from ludic_fast.rollout.sampler import SAMPLERS, Sampler, SamplerEntry, SamplerSettings
 from ludic_fast.rollout.sources import Evaluator, RolloutBatchSource
 from ludic_fast.rollout.tasks import PromptAnswerTask, embedded_default_task
 from ludic_fast.rollout.vllm_engine import VLLMEngine, map_weights_for_vllm, vllm_weight_name
 from ludic_fast.rollout.vllm_server import VLLMServer, VLLMServerEngine
 
 __all__ = [
+    "Sampler",
+    "SamplerEntry",
+    "SamplerSettings",
+    "SAMPLERS",
+    "REWARD_FUNCS",
+    "RewardEntry",
+    "WeightedReward",
     "Completion",
     "HFGenerateEngine",
     "SamplingConfig",

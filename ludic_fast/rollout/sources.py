@@ -31,12 +31,21 @@ from ludic_fast.data.filters import apply_filter
 from ludic_fast.data.types import CreditAssigner, Rollout, SampleFilter, SAWBatch, Step, TokenTrace
 from ludic_fast.rollout.engine import Completion, SamplingConfig
 from ludic_fast.rollout.prompts import encode_prompt, resolve_chat_template
+from ludic_fast.rollout.sampler import Sampler
 from ludic_fast.rollout.tasks import PromptAnswerTask
 from ludic_fast.run.stats import Reducer, apply_reducers_to_records
 
 
 def _mix_seed(*parts: int) -> int:
     return random.Random(":".join(str(p) for p in parts)).getrandbits(63)
+
+
+def _component_means(rollouts: list[Rollout]) -> dict[str, float]:
+    """`reward/<spec>`: the mean score of each reward function over the sampled rollouts (of a WeightedReward)."""
+    parts = [r.meta["reward_components"] for r in rollouts if "reward_components" in r.meta]
+    if not parts:
+        return {}
+    return {f"reward/{k}": sum(p[k] for p in parts) / len(parts) for k in parts[0]}
 
 
 def completion_text(tokenizer: Any, completion: Completion) -> str:
@@ -46,7 +55,9 @@ def completion_text(tokenizer: Any, completion: Completion) -> str:
 class RolloutBatchSource:
     """`await next_batch()` -> SAWBatch of `prompts_per_batch x group_size` scored completions (module docstring).
 
-    engine: `generate(prompts, sampling, seed=) -> [Completion]` and an int `version`.
+    engine: the `rollout.sampler.Sampler` (`generate(prompts, sampling, seed=) -> [Completion]`, an int
+    `version`). With several reward functions (`rewards.WeightedReward`) each one's mean score over the
+    sampled rollouts is in the batch meta as `reward/<spec>`.
     curriculum: optional NoPositiveResampling; its retired prompts leave the next epoch.
     chat_template: prompts through the tokenizer's chat template (None: whenever it has one), as
     `rollout.prompts.encode_prompt`; train SFT with the same choice (`prompts.sft_item`).
@@ -55,7 +66,7 @@ class RolloutBatchSource:
     def __init__(
         self,
         *,
-        engine: Any,
+        engine: Sampler,
         task: PromptAnswerTask,
         tokenizer: Any,
         credit_assigner: CreditAssigner,
@@ -123,6 +134,7 @@ class RolloutBatchSource:
             for c in completions[g * self.group_size : (g + 1) * self.group_size]:
                 text = completion_text(self.tokenizer, c)
                 reward = self.task.reward(text, sample)
+                scores = getattr(self.task.reward_fn, "scores", None)
                 trace = TokenTrace(c.prompt_ids, c.completion_ids, c.logprobs, c.finish_reason)
                 step = Step(
                     index=0,
@@ -141,6 +153,8 @@ class RolloutBatchSource:
                     "policy_version": version,
                     "engine": {"return_spec": {"return_chosen_logprobs": True}},
                 }
+                if scores is not None:  # several reward functions: each one's score, logged per batch
+                    meta["reward_components"] = scores(text, sample["answer"])
                 group.append(Rollout(steps=[step], meta=meta, id=str(uuid.UUID(int=rng.getrandbits(128), version=4))))
             groups.append(group)
         return groups
@@ -191,6 +205,7 @@ class RolloutBatchSource:
             "rollout_rounds": rounds,
             "policy_version": int(getattr(self.engine, "version", 0)),
         }
+        meta.update(_component_means(all_rollouts))
         return SAWBatch(items=items, meta=meta)
 
     # ------------------------------------------------------------------------------------- resume
