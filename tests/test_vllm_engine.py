@@ -219,6 +219,32 @@ def test_checkpoint_names_leave_out_a_tied_lm_head(tmp_path):
         checkpoint_tensor_names(str(empty))
 
 
+@pytest.mark.parametrize("tie", [None, False], ids=["key-missing", "false"])
+def test_checkpoint_names_keep_the_lm_head_of_an_untied_config(tmp_path, tie):
+    """A checkpoint of an untied model whose config.json lacks tie_word_embeddings or sets it false: the names a
+    push must carry are the parameters of the model transformers loads from it, lm_head.weight included (a full
+    push is accepted). A config.json of `{}` reads untied too, as transformers' own default (a model without the
+    key ties nothing)."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from ludic_fast.embedded import build_tiny_model
+    from ludic_fast.rollout.vllm_engine import checkpoint_tensor_names
+
+    build_tiny_model(40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=2).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("tie_word_embeddings")
+    if tie is not None:
+        config["tie_word_embeddings"] = tie
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
+    assert checkpoint_tensor_names(str(tmp_path)) == {name for name, _ in model.named_parameters()}
+    (tmp_path / "config.json").write_text("{}")
+    assert "lm_head.weight" in checkpoint_tensor_names(str(tmp_path))
+
 def test_push_name_checks_and_request_seeds_without_an_engine():
     names = frozenset({"model.norm.weight", "lm_head.weight"})
     check_push_names({"model.norm.weight", "lm_head.weight"}, names)
