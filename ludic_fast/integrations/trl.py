@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
+from ludic_fast.losses.policy_weights import cispo_weight, sapo_gate
 from ludic_fast.ops.fused_loss import FusedPlan, fused_head_loss
 from ludic_fast.ops.torch_head import HeadTransform
 
@@ -334,15 +335,14 @@ class _GRPOObjective:
     def _policy(self, coef_1: Tensor, lp: Tensor, adv: Tensor, phi: Tensor | None) -> Tensor:
         t = self.t
         if t.loss_type == "cispo":
-            return -torch.clamp(coef_1, max=t.epsilon_high).detach() * adv * lp
+            return -cispo_weight(coef_1, None, t.epsilon_high) * adv * lp
         if t.loss_type in _CLIPPED:
             coef_2 = torch.clamp(coef_1, 1 - t.epsilon_low, 1 + t.epsilon_high)
             if t.args.delta is not None:
                 coef_1 = torch.clamp(coef_1, max=t.args.delta)
             return -torch.min(coef_1 * adv, coef_2 * adv)
         if t.loss_type == "sapo":
-            tau = torch.where(adv > 0, t.args.sapo_temperature_pos, t.args.sapo_temperature_neg)
-            return -torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau * adv
+            return -sapo_gate(coef_1, adv, t.args.sapo_temperature_pos, t.args.sapo_temperature_neg) * adv
         if t.loss_type == "vespo":
             return -phi * adv * lp
         raise ValueError(f"Unknown loss type: {t.loss_type}")

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.integrations.transformers import call_head, final_hidden_states, unwrap_model
+from ludic_fast.losses.policy_weights import cispo_weight, sapo_gate
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 
@@ -249,7 +250,7 @@ def policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_ag
     low, high = _clip_range(config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1 - low, 1 + high).detach()
+    clipped = cispo_weight(ratio, 1 - low, 1 + high)
     pg_losses = -clipped * advantages * log_prob
     with torch.no_grad():
         clipfrac = _masked_mean((ratio != clipped).float(), response_mask)
@@ -260,11 +261,9 @@ def policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_ag
 def policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean",
                      config=None, rollout_is_weights=None):
     """SAPO: -sigmoid(tau (r - 1)) 4/tau A (soft gate), aggregated seq-mean-token-mean whatever the mode."""
-    tau_pos = torch.as_tensor(_cfg(config, "tau_pos", 1.0), dtype=advantages.dtype, device=advantages.device)
-    tau_neg = torch.as_tensor(_cfg(config, "tau_neg", 1.05), dtype=advantages.dtype, device=advantages.device)
+    tau_pos, tau_neg = float(_cfg(config, "tau_pos", 1.0)), float(_cfg(config, "tau_neg", 1.05))
     log_ratio = _log_ratio(log_prob, old_log_prob)
-    tau = torch.where(advantages > 0, tau_pos, tau_neg)
-    pg_losses = -torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau) * advantages
+    pg_losses = -sapo_gate(torch.exp(log_ratio), advantages, tau_pos, tau_neg) * advantages
     with torch.no_grad():
         ppo_kl = _masked_mean(-log_ratio, response_mask)
     return _finish(pg_losses, response_mask, "seq-mean-token-mean", config, rollout_is_weights, 0.0, ppo_kl, 0.0)
