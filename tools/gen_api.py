@@ -34,6 +34,7 @@ MODULES = [
     ("ludic_fast.data.filters", "sample filters and batch preprocessing"),
     ("ludic_fast.data.curriculum", "No-Positive-Resampling"),
     ("ludic_fast.data.types", "data contracts: rollouts, steps, SAW items and batches"),
+    ("ludic_fast.data.dict_codec", "the one to_dict / from_dict pair of the data types (JSON / msgpack, never pickle)"),
     ("ludic_fast.trainer", "the bundled trainer: the public names of the one training engine"),
     ("ludic_fast.engine.objective", "the Objective protocol the engine runs"),
     ("ludic_fast.engine.guard", "the non-finite guard"),

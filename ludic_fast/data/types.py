@@ -9,7 +9,8 @@ i.e. its advantage), `SampleAttachments`/`ActorTokenLogps` (behaviour logprobs o
 position order) and `SAWBatch`.
 
 Every type validates on construction (TypeError/ValueError naming the field) and round-trips through
-plain JSON-compatible dicts with `to_dict()` / `from_dict()`, so items can travel as JSON or msgpack.
+plain JSON-compatible dicts with `to_dict()` / `from_dict()` (one generic pair, `ludic_fast.data.dict_codec`:
+a nested type is a nested dict under its field's name), so items can travel as JSON or msgpack.
 Free-form fields (`meta`, `info`, observations, actions) must themselves be JSON-compatible to travel.
 """
 
@@ -22,6 +23,8 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from ludic_fast.data.dict_codec import DictCodec
 
 RolloutStepKey = tuple[str, int]
 """(rollout.id, step.index): the key of a credit map."""
@@ -61,7 +64,7 @@ def _dict(value: Any, name: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ rollouts
 @dataclass
-class TokenTrace:
+class TokenTrace(DictCodec):
     """Token ids of one model call and, optionally, the behaviour logprob of each completion token."""
 
     prompt_token_ids: list[int]
@@ -82,21 +85,10 @@ class TokenTrace:
         if self.finish_reason is not None and not isinstance(self.finish_reason, str):
             raise TypeError("finish_reason must be a str or None")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "prompt_token_ids": list(self.prompt_token_ids),
-            "completion_token_ids": list(self.completion_token_ids),
-            "completion_logprobs": None if self.completion_logprobs is None else list(self.completion_logprobs),
-            "finish_reason": self.finish_reason,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TokenTrace:
-        return cls(**_dict(data, "TokenTrace"))
 
 
 @dataclass
-class Step:
+class Step(DictCodec):
     """One environment step of a rollout; `reward` must be finite."""
 
     index: int
@@ -118,29 +110,10 @@ class Step:
         if self.trace is not None and not isinstance(self.trace, TokenTrace):
             raise TypeError(f"trace must be a TokenTrace or None, got {type(self.trace).__name__}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "prev_obs": self.prev_obs,
-            "action": self.action,
-            "next_obs": self.next_obs,
-            "reward": self.reward,
-            "truncated": bool(self.truncated),
-            "terminated": bool(self.terminated),
-            "info": dict(self.info),
-            "trace": None if self.trace is None else self.trace.to_dict(),
-            "ts_ns": self.ts_ns,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Step:
-        data = _dict(data, "Step")
-        trace = data.pop("trace", None)
-        return cls(**data, trace=None if trace is None else TokenTrace.from_dict(trace))
 
 
 @dataclass
-class Rollout:
+class Rollout(DictCodec):
     """A sequence of steps with an id (uuid4 by default) and free-form `meta`."""
 
     steps: list[Step] = field(default_factory=list)
@@ -160,18 +133,11 @@ class Rollout:
         """Σ_t step.reward (plain Python sum, as Ludic)."""
         return sum(s.reward for s in self.steps)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "steps": [s.to_dict() for s in self.steps], "meta": dict(self.meta)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Rollout:
-        data = _dict(data, "Rollout")
-        return cls(steps=[Step.from_dict(s) for s in data["steps"]], meta=data.get("meta", {}), id=data["id"])
 
 
 # -------------------------------------------------------------------------------------------- requests
 @dataclass
-class _KindSpec:
+class _KindSpec(DictCodec):
     kind: str
     kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -181,12 +147,6 @@ class _KindSpec:
             raise ValueError(f"{name}.kind must be a non-empty str, got {self.kind!r}")
         self.kwargs = _dict(self.kwargs, f"{name}.kwargs")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "kwargs": dict(self.kwargs)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]):
-        return cls(**_dict(data, cls.__name__))
 
 
 @dataclass
@@ -200,7 +160,7 @@ class ProtocolSpec(_KindSpec):
 
 
 @dataclass
-class InferenceSpec:
+class InferenceSpec(DictCodec):
     """Sampling parameters of a rollout request (Ludic's SamplingParams defaults) and what to return."""
 
     temperature: float = 0.7
@@ -218,23 +178,10 @@ class InferenceSpec:
         if not 0.0 < _finite_float(self.top_p, "top_p") <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-            "top_p": self.top_p,
-            "stop": None if self.stop is None else list(self.stop),
-            "return_token_ids": self.return_token_ids,
-            "return_chosen_logprobs": self.return_chosen_logprobs,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> InferenceSpec:
-        return cls(**_dict(data, "InferenceSpec"))
 
 
 @dataclass
-class RolloutRequest:
+class RolloutRequest(DictCodec):
     """One request for `num_episodes` episodes of `env` under `protocol`; `meta` is copied onto rollouts."""
 
     env: EnvSpec
@@ -260,32 +207,11 @@ class RolloutRequest:
             raise ValueError(f"num_episodes must be a positive int, got {self.num_episodes!r}")
         self.meta = _dict(self.meta, "meta")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "env": self.env.to_dict(),
-            "protocol": self.protocol.to_dict(),
-            "env_seed": self.env_seed,
-            "sampling_seed": self.sampling_seed,
-            "inference": None if self.inference is None else self.inference.to_dict(),
-            "num_episodes": self.num_episodes,
-            "meta": dict(self.meta),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RolloutRequest:
-        data = _dict(data, "RolloutRequest")
-        inference = data.pop("inference", None)
-        return cls(
-            **{k: v for k, v in data.items() if k not in ("env", "protocol")},
-            env=EnvSpec.from_dict(data["env"]),
-            protocol=ProtocolSpec.from_dict(data["protocol"]),
-            inference=None if inference is None else InferenceSpec.from_dict(inference),
-        )
 
 
 # -------------------------------------------------------------------------------------- training items
 @dataclass(frozen=True)
-class ActorTokenLogps:
+class ActorTokenLogps(DictCodec):
     """Behaviour log-probs of an item's action tokens, 1:1 with `action_mask == 1` positions, in order."""
 
     token_logps: list[float]
@@ -295,7 +221,7 @@ class ActorTokenLogps:
 
 
 @dataclass
-class SampleAttachments:
+class SampleAttachments(DictCodec):
     """Optional per-sample payloads that travel with a SAWItem."""
 
     actor_logps: ActorTokenLogps | None = None
@@ -306,7 +232,7 @@ class SampleAttachments:
 
 
 @dataclass
-class SAWItem:
+class SAWItem(DictCodec):
     """One training sample: token ids, masks (same length), a finite scalar weight (the advantage), meta.
 
     `actor_logps` length is checked later (`validate_actor_logps`, collation), as in Ludic, so an item can
@@ -344,27 +270,10 @@ class SAWItem:
     def __len__(self) -> int:
         return len(self.input_ids)
 
-    def to_dict(self) -> dict[str, Any]:
-        logps = self.actor_logps
-        return {
-            "input_ids": list(self.input_ids),
-            "attention_mask": list(self.attention_mask),
-            "action_mask": list(self.action_mask),
-            "weight": self.weight,
-            "meta": dict(self.meta),
-            "actor_logps": None if logps is None else list(logps.token_logps),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SAWItem:
-        data = _dict(data, "SAWItem")
-        logps = data.pop("actor_logps", None)
-        attachments = SampleAttachments(None if logps is None else ActorTokenLogps(logps))
-        return cls(**data, attachments=attachments)
 
 
 @dataclass
-class SAWBatch:
+class SAWBatch(DictCodec):
     """A macro-batch of items plus batch-level meta (counts, averages, filter fractions)."""
 
     items: list[SAWItem] = field(default_factory=list)
@@ -376,13 +285,6 @@ class SAWBatch:
         self.items = list(self.items)
         self.meta = _dict(self.meta, "meta")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"items": [i.to_dict() for i in self.items], "meta": dict(self.meta)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SAWBatch:
-        data = _dict(data, "SAWBatch")
-        return cls(items=[SAWItem.from_dict(i) for i in data["items"]], meta=data.get("meta", {}))
 
 
 SampleFilter = Callable[[SAWItem], bool]

@@ -2,7 +2,7 @@
 
 Transport: one Redis stream (`<prefix>:items`) read through a consumer group (`<prefix>:learners`).
 
-- Payloads are msgpack maps `{"format": 1, "id": str, "policy_version": int, "item": SAWItem.to_dict()}`;
+- Payloads are msgpack maps `{"format": 2, "id": str, "policy_version": int, "item": SAWItem.to_dict()}`;
   nothing is ever unpickled. A payload that does not decode to a valid SAWItem is dropped, counted
   (`counters["malformed"]`) and logged; it never raises in the learner.
 - At-least-once delivery: an entry stays in the group's pending list until the learner acknowledges it,
@@ -46,7 +46,7 @@ from ludic_fast.distributed.redis_conn import ReconnectingRedis, ensure_group
 
 log = logging.getLogger(__name__)
 
-PAYLOAD_FORMAT = 1
+PAYLOAD_FORMAT = 2  # 2: SAWItem.to_dict nests its attachments ({"attachments": {"actor_logps": ...}})
 _FIELD = b"payload"
 
 
