@@ -30,7 +30,7 @@ from ludic_fast.ops import linear_logprobs, resolve_backend
 from ludic_fast.ops.budget import parse_memory_budget
 from ludic_fast.ops.fused_loss import FusedPlan, fused_head_loss
 from ludic_fast.ops.torch_head import HeadTransform
-from ludic_fast.token_batch import TokenBatch
+from ludic_fast.token_batch import TokenBatch, widen
 
 Batch = Mapping[str, Tensor]
 Stats = dict[str, Any]
@@ -176,7 +176,7 @@ def _logits_rows(logits: Tensor, tb: TokenBatch, with_entropy: bool) -> tuple[Te
     if not isinstance(logits, Tensor) or tuple(logits.shape[:-1]) != shape or logits.ndim != 3:
         raise ValueError(f"logits must have shape [*input_ids.shape, V] = [{shape}, V], got {tuple(logits.shape)}")
     z = logits.reshape(-1, logits.shape[-1]).index_select(0, tb.rows)
-    logp = torch.log_softmax(z if z.dtype == torch.float64 else z.float(), dim=-1)
+    logp = torch.log_softmax(widen(z), dim=-1)
     lp = logp.gather(1, tb.targets[:, None]).squeeze(1)
     H = -(logp.exp() * logp).sum(-1) if with_entropy else None
     return lp, H
