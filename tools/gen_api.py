@@ -55,6 +55,8 @@ MODULES = [
     ("ludic_fast.rollout.sampler", "the Sampler protocol and the SAMPLERS registry"),
     ("ludic_fast.rollout.rewards", "reward functions: the REWARD_FUNCS registry, weighted sums"),
     ("ludic_fast.cli.presets", "the preset records of `ludic-fast train --preset`"),
+    ("ludic_fast.cli.run_config", "`ludic-fast train --config FILE` and the config.yaml a run saves"),
+    ("ludic_fast.run.record", "run.json: command line, settings, versions, commit, machine"),
     ("ludic_fast.agents", "agents in environments: multi-turn episodes with tools, token-exact"),
     ("ludic_fast.embedded", "the embedded default: tiny model, character tokenizer, addition task"),
     ("ludic_fast.integrations.transformers", "hidden states and head of any transformers causal LM"),

@@ -9,14 +9,14 @@ smaller-width tiny Llama first fitted to the completions for `--teacher-steps` s
 the two heads differ in hidden size) with `linear_divergence`, off-policy on the dataset or GKD-style
 on-policy with `--on-policy-fraction`.
 
-Outputs under --output-dir: metrics.jsonl (phase = the preset), curves.png (the preset's metric and the
-loss), summary.json (the metric's first/last-10 means), model/ (the trained model and tokenizer,
-save_pretrained; reward adds model/value_head.safetensors), checkpoints under <preset>/ when
-`--checkpoint-every` > 0; `--resume` continues from the latest of them (metrics.jsonl keeps the records up
-to its step; without a checkpoint there it is an error). The first SIGINT / SIGTERM finishes the current
-step, checkpoints (when on), writes everything above and exits 130 / 143 (`ludic-fast train`). The
-metric: rewards_accuracy for the pair presets and reward, the rewards margin (chosen - rejected) for kto,
-the loss for distill (each record's `metric`).
+Outputs under --output-dir: config.yaml and run.json (`ludic_fast/cli/run_config.py`), metrics.jsonl (phase =
+the preset), curves.png (the preset's metric and the loss), summary.json (the metric's first/last-10 means),
+model/ (the trained model and tokenizer, save_pretrained; reward adds model/value_head.safetensors),
+checkpoints under <preset>/ when `--checkpoint-every` > 0; `--resume` continues from the latest of them
+(metrics.jsonl keeps the records up to its step; without a checkpoint there it is an error). The first SIGINT
+/ SIGTERM finishes the current step, checkpoints (when on), writes everything above and exits 130 / 143
+(`ludic-fast train`). The metric (each record's `metric`): rewards_accuracy for the pair presets and reward,
+the rewards margin (chosen - rejected) for kto, the loss for distill.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from ludic_fast.cli import run_setup
 from ludic_fast.cli.preset_builders import BuildInputs, preference_loss
 from ludic_fast.cli.presets import PRESETS, preset_names
 from ludic_fast.cli.recipe import apply_recipe
+from ludic_fast.cli.run_config import record_run
 from ludic_fast.cli.validation import UsageError, as_flags, check_args, check_device, check_output_dir, comma_numbers
 from ludic_fast.data.preference_data import embedded_rows, encode_rows, read_rows
 from ludic_fast.engine.config import TrainerConfig
@@ -117,9 +118,11 @@ def _check(args: argparse.Namespace, command: str) -> None:
         raise UsageError(as_flags(str(exc), args)) from None
 
 
-def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = None) -> int:
+def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = None, *,
+         argv: list[str], parser: argparse.ArgumentParser) -> int:
     """Run an offline preset (module docstring); 2 after a one-line error for a bad input, 130 / 143 when
-    stopped by SIGINT / SIGTERM through `stop`."""
+    stopped by SIGINT / SIGTERM through `stop`. `argv` (the command line after `ludic-fast`) and `parser`
+    (`ludic-fast train`'s) go to the run record."""
     t0 = time.perf_counter()
     stop = stop or StopOnSignal()
     try:
@@ -133,6 +136,9 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
     except (UsageError, ValueError) as exc:
         print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)
         return 2
+    preset = PRESETS[args.preset]
+    record_run(out, parser, args, argv, trainer_configs={args.preset: engine_config(args, tok)},
+               objective=_loss(args) if preset.loss else {f: getattr(args, f) for f in preset.flags})
     metrics = out / "metrics.jsonl"
     ckpt = run_setup.checkpoint_config(args, args.preset)
     resume = resume_step is not None

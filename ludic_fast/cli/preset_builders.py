@@ -14,11 +14,11 @@ import torch
 
 from ludic_fast import algorithm
 from ludic_fast.cli.validation import UsageError
+from ludic_fast.losses import CPO_LOSS_TYPES, DPO_LOSS_TYPES, CPOLoss, make_preference_loss
 from ludic_fast.objectives.distill import DistillObjective
 from ludic_fast.objectives.preference import PreferenceObjective
 from ludic_fast.objectives.reward import RewardObjective
 from ludic_fast.ops import linear_cross_entropy
-from ludic_fast.preference import CPO_LOSS_TYPES, DPO_LOSS_TYPES, CPOLoss, make_preference_loss
 
 
 @dataclass

@@ -26,7 +26,7 @@ from ludic_fast.cli.preset_builders import (
     reward_objective,
     rl_algorithm,
 )
-from ludic_fast.preference import CPOLoss, DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss
+from ludic_fast.losses import CPOLoss, DPOLoss, IPOLoss, KTOLoss, ORPOLoss, SimPOLoss
 from ludic_fast.registry import Registry
 
 KINDS = ("rl", "preference", "reward", "distill")
@@ -66,7 +66,7 @@ class Preset:
 
 
 #: flags every preset reads: model and tokenizer, device, the trainer, precision and kernels, logging, output
-TRAINER_FLAGS = ("model", "tokenizer", "chat_template", "device", "seed", "threads", "preset", "lr",
+TRAINER_FLAGS = ("config", "model", "tokenizer", "chat_template", "device", "seed", "threads", "preset", "lr",
                  "weight_decay", "lr_scheduler", "warmup_steps", "max_grad_norm", "max_seq_len", "micro_token_budget",
                  "gradient_checkpointing", "memory_budget", "lora_r", "output_dir", "checkpoint_every",
                  "max_to_keep", "resume", "logger", "wandb", "no_plot", "profile", "dtype", "attn", "layout",

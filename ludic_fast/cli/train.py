@@ -11,7 +11,8 @@ are facts to memorise; `--no-eval-on-train` uses its held-out sums). All inputs 
 anything is built: a bad one is a one-line error and exit status 2.
 
 Outputs under `--output-dir` (default: runs/demo for `demo`, runs/<task>-<preset>-<time> for `train`):
-metrics.jsonl (every logged step, with `phase`), curves.png (reward and loss), summary.json (the RL
+config.yaml (every setting, as resolved: `--config` re-runs it), run.json (command line, settings, versions,
+commit, machine), metrics.jsonl (every logged step, with `phase`), curves.png (reward and loss), summary.json (the RL
 reward curve's first/last-10 means), checkpoints under sft/ and rl/ when `--checkpoint-every` > 0.
 `--resume` continues from the latest checkpoint: the RL phase from rl/'s (the SFT phase is then
 skipped), else the SFT phase from sft/'s; the records past that checkpoint's step are dropped from
@@ -46,6 +47,7 @@ from ludic_fast.cli.preset_flags import check_flag_scope
 from ludic_fast.cli.presets import PRESETS as PRESET_RECORDS
 from ludic_fast.cli.presets import presets_epilog
 from ludic_fast.cli.recipe import add_recipe_arguments, apply_recipe, profile_default_help
+from ludic_fast.cli.run_config import parse_with_config, record_run
 from ludic_fast.cli.run_setup import (
     build_console_logger,
     build_model_and_tokenizer,
@@ -109,6 +111,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p = OneLineParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                       epilog=f"{presets_epilog()}\n\n{samplers_epilog()}")
     g = p.add_argument_group("model and task")
+    g.add_argument("--config", default=None, metavar="FILE",
+                   help="settings from a YAML or TOML file (flag names as keys; a run's saved config.yaml re-runs "
+                        "it); flags given beside it override it")
     g.add_argument("--model", default="embedded", help="'embedded' (tiny Llama from a config) or a HF name/path")
     g.add_argument("--tokenizer", default=None, help="HF tokenizer name/path (default: the model's, or embedded)")
     g.add_argument("--task", default="embedded", help="'embedded' (addition) or a JSONL file of prompt/answer rows")
@@ -528,8 +533,8 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"argv[0] must be 'train' or 'demo', got {command!r}")
     t0 = time.perf_counter()
     parser = build_parser(f"ludic-fast {command}")
-    args = parser.parse_args(rest)
     try:
+        args = parse_with_config(parser, rest)
         check_single_process()
         check_flag_scope(parser, args)
     except UsageError as exc:
@@ -537,11 +542,12 @@ def main(argv: list[str]) -> int:
         return 2
     with StopOnSignal() as stop:
         if PRESET_RECORDS[args.preset].offline:  # preference, reward-model and distillation presets: no rollouts
-            return offline_main(args, command, stop)
-        return _run(args, command, t0, stop)
+            return offline_main(args, command, stop, argv=[command, *rest], parser=parser)
+        return _run(args, command, t0, stop, [command, *rest], parser)
 
 
-def _run(args: argparse.Namespace, command: str, t0: float, stop: StopOnSignal) -> int:
+def _run(args: argparse.Namespace, command: str, t0: float, stop: StopOnSignal, argv: list[str],
+         parser: argparse.ArgumentParser) -> int:
     try:
         tok, task = prepare(args, command)
         args.output_dir = args.output_dir or default_output_dir(args, command)
@@ -561,6 +567,9 @@ def _run(args: argparse.Namespace, command: str, t0: float, stop: StopOnSignal) 
         keep_jsonl_records(metrics, lambda r: r.get("phase") == "sft" and r["step"] <= resume_step)
     else:
         metrics.unlink(missing_ok=True)
+    record_run(out, parser, args, argv, objective=make_algorithm(args), trainer_configs={
+        "sft": trainer_config(args, tok, lr=args.sft_lr, steps=args.sft_steps, sync=0),
+        "rl": trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)})
     print(_header(args, command, task), flush=True)
     console = build_console_logger(args.logger)
     monitor = LearningSignalMonitor(console_notifier(console))
