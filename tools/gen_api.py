@@ -20,7 +20,7 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 MODULES = [
     ("ludic_fast", "the head op and its conveniences"),
     ("ludic_fast.losses", "every loss, one import: RL, preference, reward model, distillation, loss composition"),
-    ("ludic_fast.losses.policy_weights", "CISPO's and SAPO's per-token policy weights, written once"),
+    ("ludic_fast.losses.policy_terms", "per-token policy-loss terms, written once: CISPO, SAPO, KL estimators"),
     ("ludic_fast.losses.preference", "the preference family: its loss-type tables and make_preference_loss"),
     ("ludic_fast.losses.reward", "Bradley-Terry reward-model loss on a scalar value head"),
     ("ludic_fast.ops.divergence", "fused two-head distillation divergences (the op behind losses.linear_divergence)"),

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
-from ludic_fast.losses.policy_weights import cispo_weight, sapo_gate
+from ludic_fast.losses.policy_terms import cispo_weight, kl_estimate, sapo_gate
 from ludic_fast.ops.fused_loss import FusedPlan, fused_head_loss
 from ludic_fast.ops.torch_head import HeadTransform
 
@@ -324,7 +324,7 @@ class _GRPOObjective:
         kl = None
         if t.beta != 0.0:
             ref = self._expand(self.ref, rows)
-            kl = torch.exp(ref - lp) - (ref - lp) - 1
+            kl = kl_estimate(lp - ref, "k3")
             if t.args.use_bias_correction_kl:
                 kl = kl * coef_1
             per_token = per_token + t.beta * kl

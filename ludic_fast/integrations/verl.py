@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.integrations.transformers import call_head, final_hidden_states, unwrap_model
-from ludic_fast.losses.policy_weights import cispo_weight, sapo_gate
+from ludic_fast.losses.policy_terms import cispo_weight, sapo_gate
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 

@@ -3,7 +3,7 @@
     base.py            HeadLoss (calling conventions, the head pass), Stats, helpers every loss shares
     rl.py              Ludic's REINFORCE / GSPO / SFT / KL / entropy-bonus losses
     policy.py          the token-level surrogates (PPO/GRPO/DAPO, CISPO, RL-ZVP, ScaleRL, SAPO) and PolicyOptions
-    policy_weights.py  CISPO's and SAPO's per-token weights (also called by the TRL and verl integrations)
+    policy_terms.py    CISPO's weight, SAPO's gate, the k1/k2/k3 KL estimators (the TRL / verl integrations too)
     composite.py       LossTerm, CompositeLoss: several losses over one head pass
     preference/        DPO and TRL's loss types, IPO, CPO / AlphaPO, SimPO, ORPO, KTO; make_preference_loss
     reward.py          Bradley-Terry reward-model loss on a scalar value head
@@ -28,7 +28,7 @@ from ludic_fast.losses.policy import (
     TokenClippedSurrogateLoss,
     ZVPCISPOLoss,
 )
-from ludic_fast.losses.policy_weights import cispo_weight, sapo_gate
+from ludic_fast.losses.policy_terms import cispo_weight, kl_estimate, sapo_gate
 from ludic_fast.losses.preference import (
     CPO_LOSS_TYPES,
     DPO_LOSS_TYPES,
@@ -74,6 +74,7 @@ __all__ = [
     "SAPOLoss",
     "cispo_weight",
     "sapo_gate",
+    "kl_estimate",
     "LossTerm",
     "CompositeLoss",
     # preference

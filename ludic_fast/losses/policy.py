@@ -4,7 +4,7 @@ penalty, entropy bonus and masking, RL-ZVP advantages). Calling conventions: `lu
 
 r_t = exp(lp_t - actor_logp_t) per action token, A_t the advantage (batch['weight'] [S] broadcast, or
 batch['advantages'] per token). Token-local unless top-ρ entropy masking or RL-ZVP is on (coupled: 8NDV).
-The per-token policy weights are written once, in `ludic_fast.losses.policy_weights`.
+CISPO's weight, SAPO's gate and the KL estimators are written once, in `ludic_fast.losses.policy_terms`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ import torch
 from torch import Tensor
 
 from ludic_fast.losses.base import HeadLoss, Stats, check_at_least, check_eps, common_stats, frac, mean_std, zero
-from ludic_fast.losses.policy_weights import cispo_weight, sapo_gate
+from ludic_fast.losses.policy_terms import KL_ESTIMATORS, cispo_weight, kl_estimate, sapo_gate
 from ludic_fast.token_batch import AGGREGATIONS, TokenBatch
-
-_KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 @dataclass(kw_only=True)
@@ -67,8 +65,8 @@ class PolicyOptions:
             raise ValueError(f"is_mode must be 'truncate' or 'mask', got {self.is_mode!r}")
         if len(self.is_bounds) != 2 or not 0 <= self.is_bounds[0] <= self.is_bounds[1]:
             raise ValueError(f"is_bounds must be (low, high) with 0 <= low <= high, got {self.is_bounds!r}")
-        if self.kl_estimator not in _KL_ESTIMATORS:
-            raise ValueError(f"kl_estimator must be one of {_KL_ESTIMATORS}, got {self.kl_estimator!r}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
         if self.entropy_top_rho is not None and not 0 < self.entropy_top_rho <= 1:
             raise ValueError(f"entropy_top_rho must lie in (0, 1], got {self.entropy_top_rho}")
         if self.alpha_zvp is not None:
@@ -149,12 +147,7 @@ class _TokenPolicyLoss(HeadLoss, PolicyOptions):
         return loss, self._stats(loss, lp, H, tb, log_ratio.detach(), stat_ratio.detach(), adv, pstats)
 
     def _kl(self, lp: Tensor, tb: TokenBatch) -> Tensor:
-        d = lp - tb.token("ref_logps", f"{type(self).__name__}(kl_coeff)")
-        if self.kl_estimator == "k1":
-            return d
-        if self.kl_estimator == "k2":
-            return 0.5 * d * d
-        return torch.exp(-d) - 1.0 + d
+        return kl_estimate(lp - tb.token("ref_logps", f"{type(self).__name__}(kl_coeff)"), self.kl_estimator)
 
     def _stats(self, loss, lp, H, tb, log_ratio, ratio, adv, pstats) -> Stats:
         r_mean, r_std = mean_std(ratio)

@@ -1,10 +1,11 @@
-"""The per-token policy weights of CISPO and SAPO, written once: the library's losses and the TRL and verl
-integrations all call these (their float64 twins in `ludic_fast.reference` stay independent: they are the
-spec).
+"""Per-token terms of the policy losses, written once: the library's losses and the TRL and verl integrations
+all call these (their float64 twins in `ludic_fast.reference` stay independent: they are the spec).
 
     cispo_weight   w_t = sg(clip(r_t, low, high))            CISPO (MiniMax-M1, arXiv 2506.13585): l_t = -w_t A_t lp_t
     sapo_gate      g_t = (4 / τ_t) σ(τ_t (r_t - 1)),         SAPO (arXiv 2511.20347): l_t = -g_t A_t
                    τ_t = tau_pos if A_t > 0 else tau_neg
+    kl_estimate    k1 = d, k2 = d²/2, k3 = e^{-d} - 1 + d,   d = lp_t - ref_lp_t (Schulman, "Approximating KL
+                                                             Divergence", 2020): per-token KL(π ‖ π_ref) on π's samples
 
 CISPO's bounds: relative (1 - ε_lo, 1 + ε_hi) in Ludic and verl, an absolute cap (None, ε_max) in TRL and
 ScaleRL. r_t = exp(lp_t - old_lp_t) is the importance ratio (token or, broadcast, sequence level).
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 def cispo_weight(ratio: Tensor, low: float | None, high: float | None) -> Tensor:
@@ -28,4 +31,15 @@ def sapo_gate(ratio: Tensor, adv: Tensor, tau_pos: float, tau_neg: float) -> Ten
     return (4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0))
 
 
-__all__ = ["cispo_weight", "sapo_gate"]
+def kl_estimate(log_ratio: Tensor, estimator: str = "k3") -> Tensor:
+    """The per-token estimator `estimator` (k1, k2 or k3) of KL(π ‖ π_ref) at d = log π - log π_ref."""
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio * log_ratio
+    if estimator == "k3":
+        return torch.exp(-log_ratio) - 1.0 + log_ratio
+    raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+
+
+__all__ = ["KL_ESTIMATORS", "cispo_weight", "kl_estimate", "sapo_gate"]
