@@ -116,9 +116,10 @@ def test_task_file_errors_name_file_and_line(tmp_path, capsys):
     missing.write_text('{"prompt": "1+1="}\n')
     assert f"{missing}:1: missing 'prompt' or 'answer'" in one_line_error(capsys, ["train", "--task", str(missing)])
     alpha = tmp_path / "alpha.jsonl"
-    alpha.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "What is 2+2?", "answer": "4"}\n')
+    # printable ASCII passes (capitals, punctuation: row 1); anything else is named (row 2)
+    alpha.write_text('{"prompt": "What is 2+2?", "answer": "4"}\n{"prompt": "café=", "answer": "4"}\n')
     line = one_line_error(capsys, ["train", "--task", str(alpha)])
-    assert f"{alpha}:2: prompt 'What is 2+2?': character 'W' is not in the embedded tokenizer's alphabet" in line
+    assert f"{alpha}:2: prompt 'café=': character 'é' is not in the embedded tokenizer's alphabet" in line
     one = tmp_path / "one.jsonl"
     one.write_text('{"prompt": "1+1=", "answer": "2"}\n')
     assert "too few to hold out an eval set; pass --eval-task FILE or --eval-on-train" in one_line_error(

@@ -70,6 +70,20 @@ class ChatTokens:
         """ids_0: the first messages with the generation prompt."""
         return self._render(first, True)
 
+    def assistant_ids(self, first: Sequence[Message], assistant: Message) -> list[int]:
+        """The tokens a model writes for `assistant` (content, tool calls, through its stop token), as the
+        template renders them after `first`: for demonstrations (SFT in the rollouts' exact format)."""
+        prompt = self.prompt_ids(first)
+        full = self._render([*first, assistant], False)
+        if full[: len(prompt)] != prompt:
+            raise ValueError("the chat template's generation prompt is not a prefix of the rendered assistant turn")
+        stops = [i for i in range(len(prompt), len(full)) if full[i] in self.stop_ids]
+        if not stops:
+            raise ValueError(
+                f"the chat template ends an assistant turn with none of the stop tokens {sorted(self.stop_ids)}"
+            )
+        return full[len(prompt) : stops[-1] + 1]
+
     def observation_ids(self, first: Sequence[Message], assistant: Message, observations: Sequence[Message]
                         ) -> list[int]:
         """close ++ delta(observations) after an assistant turn that ended with a stop token (module docstring).
@@ -132,4 +146,27 @@ class EpisodeTokens:
         return [lp for span in self.turns for lp in span.logprobs]
 
 
-__all__ = ["render_ids", "ChatTokens", "TurnSpan", "EpisodeTokens"]
+def demonstration_tokens(chat: ChatTokens, messages: Sequence[Message]) -> EpisodeTokens:
+    """A whole demonstrated conversation as an episode's tokens: every assistant turn an action (log-prob 0),
+    built exactly as `EpisodeRunner` builds a sampled episode, so SFT on it trains the rollouts' format."""
+    firsts = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    if not firsts:
+        raise ValueError("a demonstration needs messages before its first assistant turn, and one assistant turn")
+    first = list(messages[:firsts])
+    tokens = EpisodeTokens()
+    tokens.add_context(chat.prompt_ids(first))
+    i = firsts
+    while i < len(messages):
+        assistant = messages[i]
+        ids = chat.assistant_ids(first, assistant)
+        tokens.add_turn(ids, [0.0] * len(ids), "stop")
+        j = i + 1
+        while j < len(messages) and messages[j].get("role") != "assistant":
+            j += 1
+        if j < len(messages):
+            tokens.add_context(chat.observation_ids(first, assistant, messages[i + 1 : j]))
+        i = j
+    return tokens
+
+
+__all__ = ["render_ids", "ChatTokens", "TurnSpan", "EpisodeTokens", "demonstration_tokens"]

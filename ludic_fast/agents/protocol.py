@@ -108,7 +108,7 @@ class Env(Protocol):
     """An environment: `reset(seed) -> messages`, `step(turn) -> StepResult` (each may be `async`).
 
     Optional attributes read by the runner: `tools` (a sequence of `Tool` or plain functions the model may
-    call; default none) and `max_turns` (overrides the runner's limit for this environment).
+    call; default none) and `max_turns` (this environment's turn limit when the runner sets none).
     """
 
     def reset(self, seed: int) -> Sequence[Message]: ...

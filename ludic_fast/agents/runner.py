@@ -8,9 +8,10 @@ thread, a coroutine awaited); one that raises or runs past its limit ends that e
 "failed", the error kept and logged — and no other. A malformed tool call (bad JSON, unknown tool, wrong
 arguments) is answered with an error observation and adds `format_penalty` to the turn's reward.
 
-Limits: `max_turns` model turns (then "truncated", reason "max_turns"), `max_tokens` in the whole episode
-(each turn may sample at most what is left; reason "max_tokens"), `max_new_tokens` per turn (a turn cut
-there without a stop token ends the episode: reason "turn_length"). An environment's own truncation has
+Limits: `max_turns` model turns (None: the environment's `max_turns` attribute, else 8; then "truncated",
+reason "max_turns"), `max_tokens` in the whole episode (each turn may sample at most what is left; reason
+"max_tokens"), `max_new_tokens` per turn (a turn cut there without a stop token ends the episode: reason
+"turn_length"). An environment's own truncation has
 reason "env". The sequence is built as `ludic_fast.agents.episode` describes: trained tokens are sampled
 tokens.
 """
@@ -35,6 +36,10 @@ from ludic_fast.data.types import Rollout, Step, TokenTrace
 from ludic_fast.rollout.engine import SamplingConfig
 
 log = logging.getLogger("ludic_fast.agents")
+
+
+#: model turns of an episode when neither the limits nor the environment say
+DEFAULT_MAX_TURNS = 8
 
 
 class CallTimeout(Exception):
@@ -80,7 +85,7 @@ async def call_with_timeout(fn: Callable[..., Any], timeout_s: float, *args: Any
 class EpisodeLimits:
     """Turn, token and time limits of an episode, and the reward added per malformed tool call."""
 
-    max_turns: int = 8
+    max_turns: int | None = None
     max_tokens: int = 1024
     max_new_tokens: int = 64
     env_timeout_s: float = 30.0
@@ -90,6 +95,8 @@ class EpisodeLimits:
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens", "max_new_tokens"):
             value = getattr(self, name)
+            if name == "max_turns" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         for name in ("env_timeout_s", "tool_timeout_s"):
@@ -216,7 +223,7 @@ class EpisodeRunner:
         env = s.job.env
         try:
             s.tools = as_tools(getattr(env, "tools", None))
-            s.max_turns = int(getattr(env, "max_turns", None) or self.limits.max_turns)
+            s.max_turns = int(self.limits.max_turns or getattr(env, "max_turns", None) or DEFAULT_MAX_TURNS)
             first = await call_with_timeout(env.reset, self.limits.env_timeout_s, s.job.seed)
             s.first = check_messages(first, "env.reset(seed)")
             if not s.first:

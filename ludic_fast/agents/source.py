@@ -127,4 +127,32 @@ class EnvBatchSource:
         self.batches = int(state["batches"])
 
 
-__all__ = ["EnvBatchSource"]
+
+class EnvEvaluator:
+    """`evaluate()` -> eval metrics of one episode per fixed seed (a greedy runner gives the same episodes for
+    the same weights): reward (mean return), success (fraction with return >= 1), turns, tool_calls, failed."""
+
+    def __init__(self, *, make_env: Callable[[], Env], runner: EpisodeRunner, seeds: list[int],
+                 rewards: WeightedRewards | None = None):
+        if not seeds:
+            raise ValueError("EnvEvaluator needs at least one seed")
+        self.make_env, self.runner, self.seeds, self.rewards = make_env, runner, list(seeds), rewards
+
+    async def evaluate(self) -> dict[str, float]:
+        episodes = await self.runner.run([EpisodeJob(self.make_env(), s) for s in self.seeds], seed=0)
+        played = [e for e in episodes if e.status != "failed"]
+        returns = []
+        for e in played:
+            extra = self.rewards.score(e.messages, dict(e.rollout.steps[-1].info))[0] if self.rewards else 0.0
+            returns.append(e.rollout.total_reward + extra if e.rollout.steps else 0.0)
+        return {
+            "reward": _mean(returns),
+            "success": _mean([float(r >= 1.0) for r in returns]),
+            "episode_turns": _mean([e.turns for e in played]),
+            "episode_tool_calls": _mean([e.tool_calls for e in played]),
+            "episode_failed": float(len(episodes) - len(played)),
+            "num_samples": float(len(episodes)),
+        }
+
+
+__all__ = ["EnvBatchSource", "EnvEvaluator"]

@@ -75,7 +75,8 @@ TRAINER_FLAGS = ("config", "model", "tokenizer", "chat_template", "device", "see
 RL_FLAGS = ("task", "eval_task", "eval_holdout", "eval_on_train", "reward", "reward_weights", "sft_steps",
             "sft_batch_size", "sft_lr", "sft_data", "rl_steps", "prompts_per_batch", "group_size", "temperature",
             "max_new_tokens", "dynamic_sampling", "max_rounds", "tie_jitter", "engine", "vllm_arg", "vllm_url",
-            "max_lag", "eval_every", "backend")
+            "max_lag", "eval_every", "backend", "env", "env_arg", "env_reward", "max_turns", "max_episode_tokens",
+            "env_timeout", "tool_timeout", "format_penalty", "episode_items", "episode_log", "demonstrations")
 #: flags of every offline preset
 DATA_FLAGS = ("offline_steps", "pref_data", "pref_batch_size")
 DISTILL_FLAGS = ("teacher", "teacher_steps", "distill_kind", "distill_beta", "distill_temperature", "hard_weight",

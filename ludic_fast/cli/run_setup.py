@@ -31,11 +31,13 @@ def check_single_process() -> None:
 
 
 def build_tokenizer(args: argparse.Namespace) -> Any:
-    """The embedded character tokenizer, or `--tokenizer` / `--model`'s from transformers."""
+    """The embedded character tokenizer (the demo's alphabet for the embedded task, printable ASCII for a JSONL
+    task or an environment), or `--tokenizer` / `--model`'s from transformers."""
     if args.model == "embedded" and not args.tokenizer:
-        from ludic_fast.embedded import build_char_tokenizer
+        from ludic_fast.embedded.tokenizer import ASCII_CHARACTERS, CHARACTERS, build_char_tokenizer
 
-        return build_char_tokenizer()
+        demo = args.task == "embedded" and not getattr(args, "env", None)
+        return build_char_tokenizer(CHARACTERS if demo else ASCII_CHARACTERS)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(args.tokenizer or args.model)
@@ -53,6 +55,8 @@ def build_model_and_tokenizer(args: argparse.Namespace, tok: Any = None) -> tupl
             bos_token_id=tok.bos_token_id,
             seed=args.seed,
             attn_implementation=args.attn,
+            # episodes are longer than the demo's 64 positions (a rotary model: no parameter depends on it)
+            **({"max_position_embeddings": max(64, args.max_episode_tokens)} if getattr(args, "env", None) else {}),
         )
         return model, tok
     from transformers import AutoModelForCausalLM
@@ -62,7 +66,8 @@ def build_model_and_tokenizer(args: argparse.Namespace, tok: Any = None) -> tupl
     return model, tok
 
 
-def build_console_logger(kind: str) -> Any:
+def build_console_logger(kind: str, extra_keys: tuple[str, ...] = ()) -> Any:
+    """The console logger of --logger, showing the usual train keys and `extra_keys`."""
     if kind == "none":
         return None
     if kind == "rich" or (kind == "auto" and sys.stdout.isatty()):
@@ -76,6 +81,7 @@ def build_console_logger(kind: str) -> Any:
                 "train/ratio_mean",
                 "train/clip_frac",
                 "train/avg_completion_length",
+                *extra_keys,
             ]
         )
     return PrintLogger(
@@ -86,6 +92,7 @@ def build_console_logger(kind: str) -> Any:
             "train/skipped_steps",
             "eval/reward",
             "perf/step_time_s",
+            *extra_keys,
         ],
         max_items_per_line=8,
     )

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from ludic_fast import algorithm as presets
+from ludic_fast.cli import env_train
 from ludic_fast.cli.offline import add_arguments as add_offline_arguments
 from ludic_fast.cli.offline import main as offline_main
 from ludic_fast.cli.preset_builders import BuildInputs
@@ -197,6 +198,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--logger", default="auto", choices=["auto", "rich", "print", "none"])
     g.add_argument("--wandb", action="store_true", help="log to Weights & Biases (needs the [wandb] extra)")
     g.add_argument("--no-plot", action="store_true")
+    env_train.add_env_arguments(p)
     add_recipe_arguments(p)
     add_offline_arguments(p)
     return p
@@ -336,8 +338,11 @@ def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: Pr
     if args.sft_data:
         source = OfflineBatchSource.from_chat_jsonl(args.sft_data, tok, batch_size=args.sft_batch_size, seed=args.seed)
     else:
-        chat = resolve_chat_template(tok, args.chat_template)
-        items = [sft_item(tok, s["prompt"], s["answer"], chat_template=chat) for s in task.samples]
+        if args.env:
+            items = env_train.demonstration_items(args, tok, env_train.env_factory(args))
+        else:
+            chat = resolve_chat_template(tok, args.chat_template)
+            items = [sft_item(tok, s["prompt"], s["answer"], chat_template=chat) for s in task.samples]
         source = OfflineBatchSource(items, batch_size=args.sft_batch_size, seed=args.seed)
     ckpt = checkpoint_config(args, "sft")
     resume = args.resume and ckpt is not None and CheckpointManager(ckpt).resolve() is not None
@@ -394,9 +399,14 @@ def run_rl(
 ) -> Trainer:
     algo = make_algorithm(args)
     engine = build_engine(args, model, tok)
-    source = build_rollout_source(args, engine, tok, task, algo)
+    if args.env:
+        source = env_train.env_source(args, engine, tok, algo, Path(args.output_dir) if args.output_dir else None)
+    else:
+        source = build_rollout_source(args, engine, tok, task, algo)
     evaluator = None
-    if args.eval_every > 0:
+    if args.eval_every > 0 and args.env:
+        evaluator = env_train.env_evaluator(args, engine, tok)
+    elif args.eval_every > 0:
         evaluator = Evaluator(
             engine=engine,
             task=task,
@@ -468,7 +478,10 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[Any, PromptAnswerTa
     check_device(args.device)
     apply_recipe(args)
     check_args(args)
-    task = build_task(args)
+    if args.env:
+        env_train.env_factory(args)
+        env_train.env_rewards(args)
+    task = None if args.env else build_task(args)
     try:
         tok = build_tokenizer(args)
     except (OSError, ValueError) as exc:
@@ -479,7 +492,9 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[Any, PromptAnswerTa
         args.chat_template = resolve_chat_template(tok, args.chat_template)
     except ValueError:
         raise UsageError("--chat-template: the tokenizer has no chat template") from None
-    check_task_tokens(task.samples + task.eval_samples, tok, embedded=args.model == "embedded" and not args.tokenizer)
+    if task is not None:
+        check_task_tokens(task.samples + task.eval_samples, tok,
+                          embedded=args.model == "embedded" and not args.tokenizer)
     for lr, steps, sync in ((args.sft_lr, args.sft_steps, 0), (args.lr, args.rl_steps, 1)):
         try:  # the trainer's own cross-field checks, before anything runs
             trainer_config(args, tok, lr=lr, steps=steps, sync=sync)
@@ -488,11 +503,17 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[Any, PromptAnswerTa
     return tok, task
 
 
-def _header(args: argparse.Namespace, command: str, task: PromptAnswerTask) -> str:
+def _header(args: argparse.Namespace, command: str, task: PromptAnswerTask | None) -> str:
     model = "embedded (tiny Llama, random init)" if args.model == "embedded" else args.model
+    if task is None:
+        evals = "greedy episodes of 64 fixed seeds" if args.eval_every > 0 else "none"
+        what = (f"env {args.env} (episodes of up to {args.max_turns or 'the env`s'} turns, "
+                f"{args.max_episode_tokens} tokens); eval: {evals}")
+    else:
+        what = f"task {task.name} ({len(task.samples)} training rows); eval: {describe_eval(args, task)}"
     return (
-        f"ludic-fast {command}: model {model} on {args.device}; task {task.name} ({len(task.samples)} training rows); "
-        f"eval: {describe_eval(args, task)}; prompts: {'chat template' if args.chat_template else 'raw text'}; "
+        f"ludic-fast {command}: model {model} on {args.device}; {what}; "
+        f"prompts: {'chat template' if args.chat_template else 'raw text'}; "
         f"{args.sft_steps} SFT steps, then {args.rl_steps} RL steps of {args.preset}; output {args.output_dir}; "
         f"recipe: profile {args.profile}, dtype {args.dtype}, attn {args.attn}, layout {args.layout}"
     )
@@ -537,6 +558,7 @@ def main(argv: list[str]) -> int:
         args = parse_with_config(parser, rest)
         check_single_process()
         check_flag_scope(parser, args)
+        env_train.check_env_args(parser, args)
     except UsageError as exc:
         print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)
         return 2
@@ -571,7 +593,7 @@ def _run(args: argparse.Namespace, command: str, t0: float, stop: StopOnSignal, 
         "sft": trainer_config(args, tok, lr=args.sft_lr, steps=args.sft_steps, sync=0),
         "rl": trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)})
     print(_header(args, command, task), flush=True)
-    console = build_console_logger(args.logger)
+    console = build_console_logger(args.logger, env_train.EPISODE_KEYS if args.env else ())
     monitor = LearningSignalMonitor(console_notifier(console))
     if args.rl_steps > 0 and args.group_size == 1 and PRESETS[args.preset].data == "groups":
         monitor.warn(

@@ -239,9 +239,8 @@ def check_task_tokens(rows: list[dict[str, Any]], tokenizer: Any, *, embedded: b
     if unk is None:
         return
     if embedded:
-        from ludic_fast.embedded.tokenizer import CHARACTERS
-
-        vocab = f"the embedded tokenizer's alphabet {CHARACTERS!r}"
+        vocab = "the embedded tokenizer's alphabet (printable ASCII; the embedded task's: digits, + - * = : |, "
+        vocab += "space, a-z)"
     else:
         vocab = "the tokenizer's vocabulary (it encodes to the unknown token)"
     for row in rows:
