@@ -476,6 +476,8 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[Any, PromptAnswerTa
     if args.sft_data and args.chat_template is False:
         raise UsageError("--sft-data is chat JSONL, formatted by the chat template: drop --no-chat-template")
     check_device(args.device)
+    if args.env and args.max_seq_len is None:  # an episode is trained whole (the profile's default is a task's)
+        args.max_seq_len = args.max_episode_tokens
     apply_recipe(args)
     check_args(args)
     if args.env:
