@@ -41,11 +41,18 @@ def _mix_seed(*parts: int) -> int:
 
 
 def _component_means(rollouts: list[Rollout]) -> dict[str, float]:
-    """`reward/<spec>`: the mean score of each reward function over the sampled rollouts (of a WeightedReward)."""
-    parts = [r.meta["reward_components"] for r in rollouts if "reward_components" in r.meta]
-    if not parts:
-        return {}
-    return {f"reward/{k}": sum(p[k] for p in parts) / len(parts) for k in parts[0]}
+    """`reward/<name>`: the mean of each reward component over the rollouts that have it (`task.components`)."""
+    return component_means([r.meta["reward_components"] for r in rollouts if "reward_components" in r.meta])
+
+
+def component_means(parts: list[dict[str, float]]) -> dict[str, float]:
+    """{"reward/<name>": mean of the values named `name`} over the dicts that name it (a task's rows may have
+    different components, e.g. a per-dataset score)."""
+    sums: dict[str, list[float]] = {}
+    for p in parts:
+        for k, v in p.items():
+            sums.setdefault(k, []).append(float(v))
+    return {f"reward/{k}": sum(v) / len(v) for k, v in sums.items()}
 
 
 def completion_text(tokenizer: Any, completion: Completion) -> str:
@@ -56,8 +63,9 @@ class RolloutBatchSource:
     """`await next_batch()` -> SAWBatch of `prompts_per_batch x group_size` scored completions (module docstring).
 
     engine: the `rollout.sampler.Sampler` (`generate(prompts, sampling, seed=) -> [Completion]`, an int
-    `version`). With several reward functions (`rewards.WeightedReward`) each one's mean score over the
-    sampled rollouts is in the batch meta as `reward/<spec>`.
+    `version`). The mean of each of the task's reward components (`task.components`: each function's
+    score of a `rewards.WeightedReward`, a reasoning-gym task's per-dataset score) over the sampled rollouts
+    is in the batch meta as `reward/<name>`.
     curriculum: optional NoPositiveResampling; its retired prompts leave the next epoch.
     chat_template: prompts through the tokenizer's chat template (None: whenever it has one), as
     `rollout.prompts.encode_prompt`; train SFT with the same choice (`prompts.sft_item`).
@@ -134,7 +142,7 @@ class RolloutBatchSource:
             for c in completions[g * self.group_size : (g + 1) * self.group_size]:
                 text = completion_text(self.tokenizer, c)
                 reward = self.task.reward(text, sample)
-                scores = getattr(self.task.reward_fn, "scores", None)
+                components = self.task.components(text, sample)
                 trace = TokenTrace(c.prompt_ids, c.completion_ids, c.logprobs, c.finish_reason)
                 step = Step(
                     index=0,
@@ -153,8 +161,8 @@ class RolloutBatchSource:
                     "policy_version": version,
                     "engine": {"return_spec": {"return_chosen_logprobs": True}},
                 }
-                if scores is not None:  # several reward functions: each one's score, logged per batch
-                    meta["reward_components"] = scores(text, sample["answer"])
+                if components is not None:  # the reward's named parts, logged per batch
+                    meta["reward_components"] = components
                 group.append(Rollout(steps=[step], meta=meta, id=str(uuid.UUID(int=rng.getrandbits(128), version=4))))
             groups.append(group)
         return groups
@@ -221,9 +229,10 @@ class Evaluator:
     """Greedy (by default) completions of the eval prompts, scored by the task: `eval/<metric>` values.
 
     Metrics: reward (mean), accuracy (fraction with reward >= 1), avg_completion_length,
-    completion_truncated_rate, plus the given reducers over per-completion records
-    `{"reward", "finish_reason", "completion_length", "prompt_id"}`. `batch_size` completions are decoded
-    together (the concurrency of the CPU/GPU engine). `chat_template` as in RolloutBatchSource.
+    completion_truncated_rate, reward/<name> (the mean of each of the task's reward components), plus the
+    given reducers over per-completion records `{"reward", "finish_reason", "completion_length",
+    "prompt_id"}`. `batch_size` completions are decoded together (the concurrency of the CPU/GPU engine).
+    `chat_template` as in RolloutBatchSource.
     """
 
     def __init__(
@@ -248,19 +257,22 @@ class Evaluator:
         self.batch_size, self.reducers, self.seed = batch_size, dict(reducers or {}), seed
 
     def evaluate(self) -> dict[str, float]:
-        records = []
+        records: list[dict[str, Any]] = []
+        parts: list[dict[str, float]] = []
         for start in range(0, len(self.samples), self.batch_size):
             chunk = self.samples[start : start + self.batch_size]
             prompts = [encode_prompt(self.tokenizer, s["prompt"], chat_template=self.chat_template) for s in chunk]
             for s, c in zip(chunk, self.engine.generate(prompts, self.sampling, seed=_mix_seed(self.seed, start))):
+                text = completion_text(self.tokenizer, c)
                 records.append(
                     {
-                        "reward": self.task.reward(completion_text(self.tokenizer, c), s),
+                        "reward": self.task.reward(text, s),
                         "finish_reason": c.finish_reason,
                         "completion_length": len(c.completion_ids),
                         "prompt_id": s["id"],
                     }
                 )
+                parts.append(self.task.components(text, s) or {})
         n = len(records)
         out = {
             "reward": sum(r["reward"] for r in records) / n,
@@ -269,8 +281,9 @@ class Evaluator:
             "completion_truncated_rate": sum(r["finish_reason"] == "length" for r in records) / n,
             "num_samples": float(n),
         }
+        out.update(component_means(parts))
         out.update(apply_reducers_to_records(records, self.reducers))
         return out
 
 
-__all__ = ["RolloutBatchSource", "Evaluator", "completion_text"]
+__all__ = ["RolloutBatchSource", "Evaluator", "completion_text", "component_means"]

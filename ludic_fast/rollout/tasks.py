@@ -38,6 +38,12 @@ class PromptAnswerTask:
     def reward(self, completion: str, sample: dict[str, Any]) -> float:
         return float(self.reward_fn(completion, sample["answer"]))
 
+    def components(self, completion: str, sample: dict[str, Any]) -> dict[str, float] | None:
+        """Named parts of the reward logged as `reward/<name>` (each reward function's score of a
+        `WeightedReward`), or None."""
+        scores = getattr(self.reward_fn, "scores", None)
+        return None if scores is None else scores(completion, sample["answer"])
+
     def hold_out(self, fraction: float, *, seed: int = 0) -> PromptAnswerTask:
         """A copy whose eval samples are round(fraction·n) (at least 1) rows moved out of the training
         samples (seeded shuffle); raises ValueError when that would leave no training row."""
