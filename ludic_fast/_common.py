@@ -117,6 +117,27 @@ def validate_head_inputs(
         )
 
 
+def head_temperature(value: object, name: str = "temperature") -> float:
+    """The head's T in softmax(z / T) as a float: finite and > 0 (TypeError / ValueError naming `name`). The one
+    rule for a temperature setting; `logprob_temperature` maps a sampler's to it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if not 0 < value < math.inf:
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return float(value)
+
+
+def logprob_temperature(sampling: object, name: str = "temperature") -> float:
+    """The head temperature of a sampler's log-probs: T for a sampling temperature T > 0; 1 for greedy decoding
+    (T = 0, scored with log_softmax(z)). Anything else (negative, inf, NaN, not a number) is refused."""
+    if isinstance(sampling, (int, float)) and not isinstance(sampling, bool) and sampling == 0:
+        return 1.0
+    try:
+        return head_temperature(sampling, name)
+    except ValueError:
+        raise ValueError(f"{name} must be finite and >= 0 (0 = greedy), got {sampling}") from None
+
+
 def per_token_temperature(temperature: float | Tensor, n_tokens: int, device: torch.device) -> Tensor:
     """Temperature as a flat float64 vector of length `n_tokens` (a scalar is broadcast)."""
     if isinstance(temperature, Tensor):

@@ -10,17 +10,19 @@ Presets (all arguments keyword-only; Ludic master's signatures where Ludic has t
 preset                  credit                          loss                                      preprocess
 make_reinforce          MonteCarloReturn(γ)             ReinforceLoss()                           drop0
 make_reinforce_baseline MonteCarloReturn(γ)             ReinforceBaselineLoss(normalize)          drop0
-make_grpo               GroupNormalizedReturn           TokenClippedSurrogateLoss(0.2, 0.27)      drop0 V
-make_dr_grpo            GroupNormalizedReturn(no std)   TokenClippedSurrogateLoss, Σ / const      drop0 V
+make_grpo               GroupNormalizedReturn           TokenClippedSurrogateLoss(0.2, 0.27) + KL drop0 V
+make_dr_grpo            GroupNormalizedReturn(no std)   TokenClippedSurrogateLoss, Σ / const + KL drop0 V
 make_dapo               GroupNormalized + soft overlong TokenClipped(0.2, 0.28), token mean       overlong zvp V
-make_gspo               GroupNormalizedReturn           ClippedSurrogateLoss(3e-4, 4e-4, LN)      drop0 V
-make_cispo              GroupNormalizedReturn           CISPOLoss(1e6, 0.2, LN) + TokenKLLoss     drop0 V
+make_gspo               GroupNormalizedReturn           ClippedSurrogateLoss(3e-4, 4e-4, LN) + KL drop0 V
+make_cispo              GroupNormalizedReturn           CISPOLoss(1e6, 0.2, LN) + KL              drop0 V
 make_sft                ConstantCredit(1)               MaskedCausalLMCrossEntropyLoss(LN=False)  -
 make_scalerl            BatchNormalizedReturn           ScaleRLLoss(eps_max=4) + TokenKLLoss      npr zvp drop0 V
 make_rl_zvp             ZVPGroupNormalizedReturn        ZVPCISPOLoss(alpha_zvp=0.1)               V
 drop0 = drop_zero_weight_samples, zvp = filter_zero_variance_groups, npr = NoPositiveResampling,
-V = validate_actor_logps, overlong = drop truncated items; each except V is optional (a flag), as are
-the soft overlong punishment, Dr. GRPO's constant and the KL terms. make_scalerl also sets fp32_head.
+V = validate_actor_logps, overlong = drop truncated items, KL = TokenKLLoss(kl_coeff); each except V is
+optional (a flag), as are the soft overlong punishment, Dr. GRPO's constant and the KL terms. make_scalerl
+also sets fp32_head. make_grpo, make_gspo and make_cispo are one builder (`_group_clipped_preset`) at three
+rows of defaults; make_dr_grpo is make_grpo without the std division.
 
 Difference from Ludic master: its `make_scalerl` uses CISPOLoss(0.20, 0.28) with a per-sequence mean; ours
 follows the ScaleRL paper (Khatri et al. 2025, arXiv:2510.13786): ScaleRLLoss (absolute cap min(r, eps_max),
@@ -29,7 +31,7 @@ prompt-level aggregation), No-Positive-Resampling and an fp32 head.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,58 +148,60 @@ def make_reinforce_baseline(
     return RLAlgorithm(name, MonteCarloReturn(gamma=gamma), loss, _compose(steps))
 
 
-def make_grpo(
-    *,
-    group_size: int,
-    group_normalize_adv: bool = True,
-    positive_only: bool = False,
-    clip_eps_low: float = 0.2,
-    clip_eps_high: float = 0.27,
-    length_normalize: bool = False,
-    ratio_clip: float | None = None,
-    drop_zero_weight: bool = False,
-    drop_zero_weight_eps: float = 1e-4,
-    name: str = "grpo",
-) -> RLAlgorithm:
-    """GRPO: group-normalised advantages, token-clipped PPO surrogate."""
-    credit = GroupNormalizedReturn(group_size, normalize_adv=group_normalize_adv, positive_only=positive_only)
-    loss = L.TokenClippedSurrogateLoss(
-        clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, length_normalize=length_normalize, ratio_clip=ratio_clip
-    )
-    steps = [*_zero_weight(drop_zero_weight, drop_zero_weight_eps), validate_actor_logps]
-    return RLAlgorithm(name, credit, loss, _compose(steps))
+def _group_clipped_preset(preset: str, loss_cls: type[L.HeadLoss], *, clip: tuple[float, float],
+                          length_normalize: bool, doc: str) -> Callable[..., RLAlgorithm]:
+    """A preset of group-normalised credit (GroupNormalizedReturn) and the clipped objective `loss_cls` at its
+    defaults `clip` = (clip_eps_low, clip_eps_high) and `length_normalize`, plus TokenKLLoss(kl_coeff) when
+    kl_coeff > 0, zero-weight dropping when asked and the actor-logprob check. `loss_options` are further
+    keyword arguments of `loss_cls` (ratio_clip; aggregation, norm_length)."""
+
+    def make(
+        *,
+        group_size: int,
+        group_normalize_adv: bool = True,
+        positive_only: bool = False,
+        clip_eps_low: float = clip[0],
+        clip_eps_high: float = clip[1],
+        length_normalize: bool = length_normalize,
+        kl_coeff: float = 0.0,
+        drop_zero_weight: bool = False,
+        drop_zero_weight_eps: float = 1e-4,
+        name: str = preset,
+        **loss_options: Any,
+    ) -> RLAlgorithm:
+        credit = GroupNormalizedReturn(group_size, normalize_adv=group_normalize_adv, positive_only=positive_only)
+        loss = loss_cls(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, length_normalize=length_normalize,
+                        **loss_options)
+        steps = [*_zero_weight(drop_zero_weight, drop_zero_weight_eps), validate_actor_logps]
+        return RLAlgorithm(name, credit, _with_kl(loss, preset, kl_coeff, length_normalize), _compose(steps))
+
+    make.__name__ = make.__qualname__ = f"make_{preset}"
+    make.__doc__ = doc
+    return make
 
 
-def make_dr_grpo(
-    *,
-    group_size: int,
-    positive_only: bool = False,
-    clip_eps_low: float = 0.2,
-    clip_eps_high: float = 0.27,
-    length_normalize: bool = False,
-    ratio_clip: float | None = None,
-    norm_length: float | None = None,
-    drop_zero_weight: bool = False,
-    drop_zero_weight_eps: float = 1e-4,
-    name: str = "dr_grpo",
-) -> RLAlgorithm:
-    """Dr. GRPO: mean-centred advantages without std division; with `norm_length` (the maximum completion
-    length) each sequence's token sum is divided by that constant (aggregation seq_mean_token_sum_norm)."""
-    credit = GroupNormalizedReturn(group_size, normalize_adv=False, positive_only=positive_only)
-    options: dict[str, Any] = {}
+make_grpo = _group_clipped_preset(
+    "grpo", L.TokenClippedSurrogateLoss, clip=(0.2, 0.27), length_normalize=False,
+    doc="GRPO: group-normalised advantages, token-clipped PPO surrogate (TokenClippedSurrogateLoss).")
+make_gspo = _group_clipped_preset(
+    "gspo", L.ClippedSurrogateLoss, clip=(3e-4, 4e-4), length_normalize=True,
+    doc="GSPO: sequence-level (geometric-mean) ratio, clipped surrogate (ClippedSurrogateLoss).")
+make_cispo = _group_clipped_preset(
+    "cispo", L.CISPOLoss, clip=(1e6, 0.2), length_normalize=True,
+    doc="CISPO: clipped, detached IS weight on REINFORCE (CISPOLoss); with kl_coeff > 0 plus TokenKLLoss(kl_coeff).")
+
+
+def make_dr_grpo(*, norm_length: float | None = None, name: str = "dr_grpo", **options: Any) -> RLAlgorithm:
+    """Dr. GRPO: `make_grpo` (its other options) with mean-centred advantages without std division; with
+    `norm_length` (the maximum completion length) each sequence's token sum is divided by that constant
+    (aggregation seq_mean_token_sum_norm)."""
+    if "group_normalize_adv" in options:
+        raise TypeError("make_dr_grpo() takes no group_normalize_adv: Dr. GRPO never divides by the group's std")
     if norm_length is not None:
         if norm_length <= 0:
             raise ValueError(f"norm_length must be > 0, got {norm_length}")
-        options = {"aggregation": "seq_mean_token_sum_norm", "norm_length": float(norm_length)}
-    loss = L.TokenClippedSurrogateLoss(
-        clip_eps_low=clip_eps_low,
-        clip_eps_high=clip_eps_high,
-        length_normalize=length_normalize,
-        ratio_clip=ratio_clip,
-        **options,
-    )
-    steps = [*_zero_weight(drop_zero_weight, drop_zero_weight_eps), validate_actor_logps]
-    return RLAlgorithm(name, credit, loss, _compose(steps))
+        options.update(aggregation="seq_mean_token_sum_norm", norm_length=float(norm_length))
+    return make_grpo(group_normalize_adv=False, name=name, **options)
 
 
 def make_dapo(
@@ -226,48 +230,6 @@ def make_dapo(
     steps = [drop_items(combine(drop_truncated, drop_incomplete_completions))] if mask_truncated else []
     steps += [*_zvp_filter(filter_zvp, zvp_filter_eps), validate_actor_logps]
     return RLAlgorithm(name, credit, loss, _compose(steps))
-
-
-def make_gspo(
-    *,
-    group_size: int,
-    group_normalize_adv: bool = True,
-    positive_only: bool = False,
-    clip_eps_low: float = 3e-4,
-    clip_eps_high: float = 4e-4,
-    length_normalize: bool = True,
-    ratio_clip: float | None = None,
-    drop_zero_weight: bool = False,
-    drop_zero_weight_eps: float = 1e-4,
-    name: str = "gspo",
-) -> RLAlgorithm:
-    """GSPO: sequence-level (geometric-mean) ratio, clipped surrogate."""
-    credit = GroupNormalizedReturn(group_size, normalize_adv=group_normalize_adv, positive_only=positive_only)
-    loss = L.ClippedSurrogateLoss(
-        clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, length_normalize=length_normalize, ratio_clip=ratio_clip
-    )
-    steps = [*_zero_weight(drop_zero_weight, drop_zero_weight_eps), validate_actor_logps]
-    return RLAlgorithm(name, credit, loss, _compose(steps))
-
-
-def make_cispo(
-    *,
-    group_size: int,
-    group_normalize_adv: bool = True,
-    positive_only: bool = False,
-    clip_eps_low: float = 1e6,
-    clip_eps_high: float = 0.2,
-    length_normalize: bool = True,
-    kl_coeff: float = 0.0,
-    drop_zero_weight: bool = False,
-    drop_zero_weight_eps: float = 1e-4,
-    name: str = "cispo",
-) -> RLAlgorithm:
-    """CISPO: clipped, detached IS weight on REINFORCE; with kl_coeff > 0 plus TokenKLLoss(kl_coeff)."""
-    credit = GroupNormalizedReturn(group_size, normalize_adv=group_normalize_adv, positive_only=positive_only)
-    cispo = L.CISPOLoss(clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, length_normalize=length_normalize)
-    steps = [*_zero_weight(drop_zero_weight, drop_zero_weight_eps), validate_actor_logps]
-    return RLAlgorithm(name, credit, _with_kl(cispo, "cispo", kl_coeff, length_normalize), _compose(steps))
 
 
 def make_sft(*, length_normalize: bool = False, name: str = "sft") -> RLAlgorithm:

@@ -10,10 +10,9 @@ import torch
 from ludic_fast.data.preference_data import embedded_rows, encode_rows
 from ludic_fast.distributed.local import run_local_group
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
-from ludic_fast.engine.config import TrainerConfig
-from ludic_fast.engine.trainer import Trainer
 from ludic_fast.objectives.preference import PreferenceObjective
 from ludic_fast.preference import DPOLoss
+from ludic_fast.trainer import Trainer, TrainerConfig
 
 pytestmark = pytest.mark.timeout(300)
 SMALL = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2)

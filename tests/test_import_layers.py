@@ -109,3 +109,48 @@ def test_lazy_imports_are_read_inside_functions_and_methods():
     assert _imports(source, mods, lazy=True) == {"ludic_fast.ops", "ludic_fast.preference", "ludic_fast.data"}
     graph = {"ludic_fast.losses": {"ludic_fast.preference"}, "ludic_fast.preference": {"ludic_fast.losses"}}
     assert _cycle(graph) == ["ludic_fast.losses", "ludic_fast.preference", "ludic_fast.losses"]
+
+
+def _import_module_calls(source: str) -> set[str]:
+    """The literal names of `importlib.import_module("...")` / `__import__("...")` calls anywhere in `source`."""
+    return {node.args[0].value for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and ast.unparse(node.func) in ("importlib.import_module", "import_module", "__import__")}
+
+
+#: what the engine must not know: the objectives it runs and the RL algorithm presets
+ENGINE_MUST_NOT_IMPORT = ("ludic_fast.objectives", "ludic_fast.algorithm")
+
+
+def _engine_violations(mods: dict[str, Path]) -> list[str]:
+    """`engine module imports forbidden module` for every import of ENGINE_MUST_NOT_IMPORT by a module of
+    ludic_fast.engine: module level, inside functions and methods, or through importlib."""
+    out = []
+    for m, f in mods.items():
+        if m == "ludic_fast.engine" or m.startswith("ludic_fast.engine."):
+            source = f.read_text(encoding="utf-8")
+            deps = _imports(source, mods, lazy=True) | _import_module_calls(source)
+            out += [f"{m} imports {d}" for d in deps
+                    if any(d == bad or d.startswith(bad + ".") for bad in ENGINE_MUST_NOT_IMPORT)]
+    return sorted(out)
+
+
+def test_the_engine_imports_no_objective_nor_algorithm():
+    """No module of ludic_fast/engine/ imports ludic_fast.objectives or ludic_fast.algorithm, at module level,
+    inside a function or lazily: the engine runs any `Objective` and knows none."""
+    assert _engine_violations(_modules()) == []
+
+
+def test_the_engine_check_sees_function_level_and_lazy_imports(tmp_path):
+    mods = _modules()
+    for source in ("def f():\n    from ludic_fast.objectives.rl import RLObjective\n",
+                   "import importlib\nX = importlib.import_module('ludic_fast.algorithm')\n",
+                   "from ludic_fast import algorithm\n",
+                   "class A:\n    def g(self):\n        import ludic_fast.objectives\n"):
+        path = tmp_path / "probe.py"
+        path.write_text(source, encoding="utf-8")
+        assert _engine_violations({**mods, "ludic_fast.engine.probe": path}) != [], source
+    path = tmp_path / "fine.py"
+    path.write_text("from ludic_fast.engine.objective import Objective\nimport ludic_fast.algorithms_x\n")
+    assert _engine_violations({**mods, "ludic_fast.engine.fine": path}) == []

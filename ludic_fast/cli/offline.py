@@ -39,10 +39,10 @@ from ludic_fast.cli.recipe import apply_recipe
 from ludic_fast.cli.run_config import record_run
 from ludic_fast.cli.validation import UsageError, as_flags, check_args, check_device, check_output_dir, comma_numbers
 from ludic_fast.data.preference_data import embedded_rows, encode_rows, read_rows
-from ludic_fast.engine.config import TrainerConfig
+from ludic_fast.engine.config import EngineConfig
 from ludic_fast.engine.guard import NonFiniteError
 from ludic_fast.engine.stop import StopOnSignal
-from ludic_fast.engine.trainer import Trainer
+from ludic_fast.engine.trainer import Engine
 from ludic_fast.objectives.reward import RewardObjective
 from ludic_fast.rollout import resolve_chat_template
 from ludic_fast.run.checkpoint import CheckpointManager
@@ -160,9 +160,9 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
     logger = TeeLogger(JSONLLogger(metrics, extra={"phase": args.preset}), console, wandb)
     error = None
     try:
-        trainer = Trainer(model=model, objective=objective, cfg=engine_config(args, tok), checkpoint_config=ckpt,
-                          resume_from="latest" if resume else None, train_logger=logger,
-                          lora_config=run_setup.lora_config(args))
+        trainer = Engine(model=model, objective=objective, cfg=engine_config(args, tok), checkpoint_config=ckpt,
+                         resume_from="latest" if resume else None, train_logger=logger,
+                         lora_config=run_setup.lora_config(args))
         print(f"{args.preset}: {trainer.memory_estimate.format()}", flush=True)
         if resume:
             print(f"ludic-fast {command}: resumed at step {trainer.step_idx}", flush=True)
@@ -193,7 +193,7 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
     return 0
 
 
-def engine_config(args: argparse.Namespace, tok: Any) -> TrainerConfig:
+def engine_config(args: argparse.Namespace, tok: Any) -> EngineConfig:
     """The engine's settings of the trainer flags for an offline preset (`--offline-steps` optimizer steps)."""
     return run_setup.trainer_config(args, tok, lr=args.lr, steps=args.offline_steps, sync=0)
 

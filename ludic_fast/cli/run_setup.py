@@ -15,10 +15,10 @@ import torch
 
 from ludic_fast.cli.recipe import recipe_trainer_kwargs
 from ludic_fast.cli.validation import UsageError
-from ludic_fast.engine.config import TrainerConfig
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager
 from ludic_fast.run.loggers import PrintLogger, RichLiveLogger
+from ludic_fast.trainer import TrainerConfig
 
 
 def check_single_process() -> None:
@@ -130,7 +130,6 @@ def trainer_config(args: argparse.Namespace, tok: Any, *, lr: float, steps: int,
         total_steps=max(steps, 1),
         gradient_checkpointing=args.gradient_checkpointing,
         memory_budget=args.memory_budget,
-        temperature=args.temperature if args.temperature > 0 else 1.0,
         max_lag=args.max_lag,
         **recipe_trainer_kwargs(args),
     )

@@ -159,7 +159,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     g.add_argument("--rl-steps", type=int, default=80)
     g.add_argument("--prompts-per-batch", type=int, default=32)
     g.add_argument("--group-size", type=int, default=8)
-    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature (0 = greedy); the losses score at the same one (greedy: 1)")
     g.add_argument("--max-new-tokens", type=int, default=None, help=profile_default_help("max_new_tokens"))
     g.add_argument(
         "--dynamic-sampling",

@@ -1,7 +1,9 @@
-"""The engine's settings (`TrainerConfig`) and the pad-token resolution it needs."""
+"""The engine's settings (`EngineConfig`) and the pad-token resolution it needs. The RL objective's settings
+live beside it (`ludic_fast.objectives.rl.RLConfig`); `ludic_fast.trainer.TrainerConfig` is the two together."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +22,6 @@ MIXED_PRECISION = {
     "fp16": torch.float16,
     "float16": torch.float16,
 }
-_REF_RESETS = ("hard", "mix")
-
 
 def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,16 +43,14 @@ def resolve_pad_token_id(value: Any) -> int:
 
 
 @dataclass
-class TrainerConfig:
-    """Trainer settings; Ludic master's fields and defaults where it has them (except model_device, which
-    defaults to "cpu" without CUDA), then ours.
+class EngineConfig:
+    """The engine's settings; Ludic master's fields and defaults where it has them (except model_device, which
+    defaults to "cpu" without CUDA), then ours. What an objective computes (RL's temperature, KL target,
+    reference resets, max_lag) is the objective's own config, not here.
 
-    pad_token_id: an int or a tokenizer (its pad id, else its eos id); required.
+    lr: AdamW's learning rate (> 0). pad_token_id: an int or a tokenizer (its pad id, else its eos id); required.
     lr_scheduler: "constant" | "linear" | "cosine" after `warmup_steps` of linear warm-up; the decaying
-    schedules need `total_steps`. temperature: the head temperature of the losses, T in softmax(z / T) —
-    set it to the sampling temperature so the behaviour logprobs and the losses agree.
-    kl_target / entropy_floor / ref_reset / ref_mix_alpha / kl_ema_decay: ProRL reference resets (needs a
-    ref_model). layout: "padded" (right padding) or "packed" (one row per micro-batch, restarting
+    schedules need `total_steps`. layout: "padded" (right padding) or "packed" (one row per micro-batch, restarting
     position_ids, attention kept within each sequence by `packed_attention`: "auto" picks flash varlen,
     a flex BlockMask or per-sequence SDPA ("sdpa_varlen", which eager / sdpa models are moved to on CPU),
     see `integrations.packing`; "mask" keeps eager / sdpa with a dense block-diagonal mask; unsupported
@@ -64,8 +62,9 @@ class TrainerConfig:
     the forward runs under torch.autocast in that dtype while parameters, gradients and AdamW states keep
     theirs (fp32 master weights); the head gets the hidden states and its weight cast to it; fp16 adds a
     dynamic loss scale (torch.amp.GradScaler; an overflowing step is skipped and the scale lowered).
-    memory_budget: bytes (or a string like '4GiB') the LM head may hold beyond its inputs
-    (`ludic_fast.ops.plan`; None: the device default); chunk_elements: the low-level override of its chunking.
+    backend / memory_budget / chunk_elements: how the fused head runs (`head_options`): memory_budget is the
+    bytes (or a string like '4GiB') the LM head may hold beyond its inputs (`ludic_fast.ops.plan`; None: the
+    device default); chunk_elements the low-level override of its chunking.
     max_nonfinite_steps: a loss that is not finite this many steps in a row (or rollouts sampling from inf/nan
     probabilities) stops the run with `engine.guard.NonFiniteError` (the model diverged).
     """
@@ -80,7 +79,6 @@ class TrainerConfig:
     max_seq_len: int = 1024
     micro_token_budget: int = 8192
     sync_every_steps: int = 1
-    max_lag: int | None = None
     reduce_stats_across_ranks: bool = False
     profile_memory: bool = False
     log_every: int = 1
@@ -98,19 +96,15 @@ class TrainerConfig:
     layout: str = "padded"
     packed_attention: str = "auto"
     check_packing: bool = True
-    temperature: float = 1.0
     backend: str = "auto"
     chunk_elements: int | None = None
     memory_budget: int | str | None = None
-    kl_target: float | None = None
-    entropy_floor: float | None = None
-    kl_ema_decay: float = 0.9
-    ref_reset: str = "hard"
-    ref_mix_alpha: float = 0.5
     max_nonfinite_steps: int = 3
 
     def __post_init__(self) -> None:
         self.pad_token_id = resolve_pad_token_id(self.pad_token_id)
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {self.max_seq_len}")
         if self.micro_token_budget <= 0 or self.micro_token_budget < self.max_seq_len:
@@ -139,18 +133,23 @@ class TrainerConfig:
             )
         if self.packed_attention not in PACKED_ATTENTION_PATHS:
             raise ValueError(f"packed_attention must be one of {PACKED_ATTENTION_PATHS}, got {self.packed_attention!r}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.ref_reset not in _REF_RESETS:
-            raise ValueError(f"ref_reset must be one of {_REF_RESETS}, got {self.ref_reset!r}")
-        if not 0.0 < self.ref_mix_alpha <= 1.0:
-            raise ValueError(f"ref_mix_alpha must lie in (0, 1], got {self.ref_mix_alpha}")
-        if not 0.0 <= self.kl_ema_decay < 1.0:
-            raise ValueError(f"kl_ema_decay must lie in [0, 1), got {self.kl_ema_decay}")
         if self.log_every < 1:
             raise ValueError(f"log_every must be >= 1, got {self.log_every}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
 
 
-__all__ = ["MIXED_PRECISION", "TrainerConfig", "resolve_pad_token_id"]
+    def head_options(self) -> dict[str, Any]:
+        """How the fused head runs, as its keyword arguments: backend, chunk_elements, memory_budget."""
+        return {"backend": self.backend, "chunk_elements": self.chunk_elements, "memory_budget": self.memory_budget}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TrainerConfig":  # the engine's settings were named TrainerConfig before the RL ones moved out
+        warnings.warn("ludic_fast.engine.config.TrainerConfig is now EngineConfig (the engine's settings alone); "
+                      "the RL trainer's config is ludic_fast.trainer.TrainerConfig", DeprecationWarning, stacklevel=2)
+        return EngineConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["MIXED_PRECISION", "EngineConfig", "resolve_pad_token_id"]

@@ -1,5 +1,5 @@
 """What the engine does to the models before training: LoRA, Liger body kernels, gradient checkpointing,
-the packed-attention path and `torch.compile` of the decoder layers (`TrainerConfig` documents each)."""
+the packed-attention path and `torch.compile` of the decoder layers (`EngineConfig` documents each)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ludic_fast.engine.config import TrainerConfig
+from ludic_fast.engine.config import EngineConfig
 from ludic_fast.integrations.body_kernels import apply_body_kernels, compile_body
 from ludic_fast.integrations.packing import (
     PackedAttention,
@@ -31,7 +31,7 @@ def with_lora(model: nn.Module, lora_config: Any) -> nn.Module:
     return get_peft_model(model, lora_config)
 
 
-def body_kernels(cfg: TrainerConfig, device: torch.device, models: list[nn.Module]) -> Any:
+def body_kernels(cfg: EngineConfig, device: torch.device, models: list[nn.Module]) -> Any:
     """Liger's body kernels on every model: `body_kernels` True, or None on CUDA. Returns the policy's
     applied `BodyKernelPlan` (None: off, Liger missing under auto, or no patch for the type)."""
     wanted = cfg.body_kernels if cfg.body_kernels is not None else device.type == "cuda"
@@ -60,7 +60,7 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
         model.enable_input_require_grads()
 
 
-def packed_attention(cfg: TrainerConfig, device: torch.device, amp_dtype: torch.dtype | None, model: nn.Module, *,
+def packed_attention(cfg: EngineConfig, device: torch.device, amp_dtype: torch.dtype | None, model: nn.Module, *,
                      training: bool) -> PackedAttention:
     """The packed-attention path of `model` (`integrations.packing`), probed when `check_packing`. Under
     `packed_attention="auto"` an eager / sdpa model is first moved to flash-attention-2 or flex attention
@@ -78,7 +78,7 @@ def packed_attention(cfg: TrainerConfig, device: torch.device, amp_dtype: torch.
     return packing
 
 
-def compile_layers(cfg: TrainerConfig, models: list[nn.Module]) -> None:
+def compile_layers(cfg: EngineConfig, models: list[nn.Module]) -> None:
     """`torch.compile` each decoder layer of every model (`compile_body`: True = inductor, or a backend)."""
     if cfg.compile_body:
         backend = "inductor" if cfg.compile_body is True else cfg.compile_body

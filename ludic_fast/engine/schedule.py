@@ -1,15 +1,15 @@
 """The learning-rate schedule: linear warm-up over `warmup_steps`, then constant, linear or cosine decay to 0
-at `total_steps` (`TrainerConfig.lr_scheduler`). Optimizer step s (from 0) runs at lr · lr_lambda(cfg)(s)."""
+at `total_steps` (`EngineConfig.lr_scheduler`). Optimizer step s (from 0) runs at lr · lr_lambda(cfg)(s)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 
-from ludic_fast.engine.config import TrainerConfig
+from ludic_fast.engine.config import EngineConfig
 
 
-def lr_lambda(cfg: TrainerConfig) -> Callable[[int], float]:
+def lr_lambda(cfg: EngineConfig) -> Callable[[int], float]:
     """LR multiplier at optimizer step s: s/warmup during warm-up, then 1 | linear to 0 | cosine to 0."""
 
     def factor(step: int) -> float:

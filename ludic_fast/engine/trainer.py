@@ -1,5 +1,6 @@
-"""The one training engine: `Trainer` runs an `Objective` (`engine.objective`, `ludic_fast.objectives`) on a
-model through the fused head.
+"""The one training engine: `Engine` runs an `Objective` (`engine.objective`, `ludic_fast.objectives`) on a
+model through the fused head. It knows no objective: the RL trainer (`ludic_fast.trainer.Trainer`) is this
+engine on the RL objective.
 
 It owns the model (LoRA, body kernels, gradient checkpointing, packed attention, compile:
 `engine.model_setup`), precision (fp32, or bf16 / fp16 autocast with fp32 master weights, fp16 with a dynamic
@@ -14,6 +15,12 @@ guard (`engine.guard`). One optimizer step (`train_step`), whole:
     skipped (weights, optimizer, schedule bit-identical), else AdamW step and schedule step
     push weights every `sync_every_steps`, checkpoint every `every_n_steps`, log the step's record
 
+Throughput, logged for every objective: `perf/tokens` is the number of non-pad tokens of the step's
+micro-batches (the sum of attention_mask; packed: of the sequence lengths), `perf/examples` the number of
+examples (`MicroBatch.examples`: RL items, pairs, completions); `perf/tokens_per_s` and `perf/examples_per_s`
+divide them by the step's compute time, `perf/step_time_s - perf/batch_time_s` (the step without fetching
+its batch: forwards of the policy and of frozen models, backward, optimizer step, weight push, checkpoint).
+
 DDP / FSDP1 / FSDP2: wrap the model before handing it over; the loss runs inside the model's forward
 (`call_in_forward`), so the wrappers gather and reduce as usual.
 """
@@ -24,29 +31,35 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
-import random
 import time
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ludic_fast.algorithm import RLAlgorithm
 from ludic_fast.distributed.rank0 import Rank0Publisher
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
 from ludic_fast.engine import model_setup
-from ludic_fast.engine.config import MIXED_PRECISION, TrainerConfig
+from ludic_fast.engine.config import MIXED_PRECISION, EngineConfig
 from ludic_fast.engine.guard import diverged_loss
 from ludic_fast.engine.memory_estimate import estimate_peak_memory
 from ludic_fast.engine.objective import MicroBatch, Objective
+from ludic_fast.engine.publisher import PolicyPublisher, policy_params
 from ludic_fast.engine.schedule import lr_lambda
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
-from ludic_fast.objectives.rl import RLObjective
-from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager, restore_rng, rng_tensors
-from ludic_fast.run.stats import Reducer, group_log_stats
+from ludic_fast.run.checkpoint import (
+    CheckpointConfig,
+    CheckpointManager,
+    random_state,
+    restore_rng,
+    rng_tensors,
+    set_random_state,
+)
+from ludic_fast.run.stats import group_log_stats
 
 
 def is_data_parallel(model: nn.Module) -> bool:
@@ -57,49 +70,40 @@ def is_data_parallel(model: nn.Module) -> bool:
     return isinstance(model, (DistributedDataParallel, FullyShardedDataParallel, FSDPModule))
 
 
-class Trainer:
-    """The engine (module docstring) on `objective`, or on `RLObjective(algo, batch_source, ref_model)`.
+class Engine:
+    """The engine (module docstring) on `objective`.
 
-    publisher: `publish(params: dict[str, Tensor], version: int)` (a rollout engine), required when
+    publisher: a `PolicyPublisher` (a rollout engine taking new weights), required when
     `sync_every_steps > 0`. evaluator: `evaluate() -> dict[str, float]` (sync or async). lora_config: a
     `peft.LoraConfig` to wrap the model with. resume_from: a step (int or digit string), a checkpoint path,
-    or "latest".
+    or "latest". What an objective may read of it: `engine.objective.EngineView`.
     """
 
     def __init__(
         self,
         *,
         model: nn.Module,
-        cfg: TrainerConfig,
-        algo: RLAlgorithm | None = None,
-        batch_source: Any = None,
-        objective: Objective | None = None,
-        publisher: Any = None,
+        cfg: EngineConfig,
+        objective: Objective,
+        publisher: PolicyPublisher | None = None,
         param_filter: Callable[[str, Tensor], bool] | None = None,
         checkpoint_config: CheckpointConfig | None = None,
         resume_from: int | str | None = None,
         train_logger: Any = None,
-        reducers: Mapping[str, Reducer] | None = None,
         evaluator: Any = None,
-        ref_model: nn.Module | None = None,
         lora_config: Any = None,
     ):
-        if not isinstance(cfg, TrainerConfig):
-            raise TypeError(f"cfg must be a TrainerConfig, got {type(cfg).__name__}")
-        if objective is None:
-            if algo is None:
-                raise ValueError("pass an objective, or algo and batch_source (RL / SFT)")
-            objective = RLObjective(algo, batch_source, ref_model=ref_model, reducers=reducers)
-        elif algo is not None or batch_source is not None or ref_model is not None or reducers:
-            raise ValueError("algo / batch_source / ref_model / reducers build an RL objective: not with objective=")
+        if not isinstance(cfg, EngineConfig):
+            raise TypeError(f"cfg must be an EngineConfig, got {type(cfg).__name__}")
+        if publisher is not None and not isinstance(publisher, PolicyPublisher):
+            raise TypeError(f"publisher must have publish(params, version) (a PolicyPublisher), got "
+                            f"{type(publisher).__name__}")
         if cfg.sync_every_steps > 0 and publisher is None:
             raise ValueError("sync_every_steps > 0 needs a PolicyPublisher (publisher=...); pass sync_every_steps=0")
         if (cfg.eval_at_start or cfg.eval_every_n_steps) and evaluator is None:
             raise ValueError("eval_at_start / eval_every_n_steps need an evaluator")
         if resume_from is not None and checkpoint_config is None:
             raise ValueError("resume_from needs a checkpoint_config")
-        if (cfg.kl_target is not None or cfg.entropy_floor is not None) and not objective.frozen_models():
-            raise ValueError("kl_target / entropy_floor reset a reference model: pass ref_model")
         self.cfg = cfg
         self.objective = objective
         # under DDP/FSDP2 every rank runs the trainer: gather shards, strip `module.`, publish from rank 0 only
@@ -147,25 +151,6 @@ class Trainer:
         if resume_from is not None:
             self.resume(resume_from)
 
-    # ------------------------------------------------------------------------ the RL objective's parts
-    @property
-    def algo(self) -> RLAlgorithm | None:
-        return getattr(self.objective, "algo", None)
-
-    @property
-    def batch_source(self) -> Any:
-        return getattr(self.objective, "batch_source", None)
-
-    @property
-    def ref_model(self) -> nn.Module | None:
-        return getattr(self.objective, "ref_model", None)
-
-    def reference_logps(self, batch: Mapping[str, Tensor]) -> Tensor:
-        return self.objective.reference_logps(self, batch)
-
-    def reset_reference(self) -> None:
-        self.objective.reset_reference(self)
-
     # ------------------------------------------------------------------------- forward and the head
     def _model_inputs(self, batch: Mapping[str, Tensor], model: nn.Module | None = None) -> dict[str, Any]:
         """Forward kwargs of the policy (or a frozen model): padded ids + mask, or the packed path's inputs."""
@@ -173,7 +158,7 @@ class Trainer:
             return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         packing = self.packing if model is None else self._frozen_packing.get(id(model))
         if packing is None:
-            raise ValueError("a packed batch (cu_seqlens) needs TrainerConfig(layout='packed')")
+            raise ValueError("a packed batch (cu_seqlens) needs EngineConfig(layout='packed')")
         return packing.model_inputs(batch)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -228,7 +213,9 @@ class Trainer:
         """The micro-batch loop of a fetched batch: `(loss_k n_k / N).backward()` per micro-batch. Returns
         (Σ_k loss_k n_k / N detached, the micro-batch stats, their sizes, their aux values). Gradients
         accumulate in `.grad` (the caller steps and zeroes them)."""
-        micros: list[MicroBatch] = self.objective.micro_batches(self, batch)
+        return self._backward(self.objective.micro_batches(self, batch))
+
+    def _backward(self, micros: Sequence[MicroBatch]) -> tuple[Tensor, list[dict[str, Any]], list[int], list[Any]]:
         n_total = sum(m.size for m in micros)
         total_loss = torch.zeros((), device=self.device)
         micro_stats = []
@@ -246,7 +233,8 @@ class Trainer:
         t0 = time.perf_counter()
         batch = await self.objective.next_batch(self)
         t_fetch = time.perf_counter() - t0
-        total_loss, micro_stats, sizes, aux = self.accumulate_gradients(batch)
+        micros = self.objective.micro_batches(self, batch)
+        total_loss, micro_stats, sizes, aux = self._backward(micros)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
@@ -269,25 +257,27 @@ class Trainer:
         if self.publisher is not None and self.cfg.sync_every_steps > 0:
             if self.step_idx % self.cfg.sync_every_steps == 0:
                 self.push_weights()
-        if self.checkpointer is not None and self.checkpointer.cfg.every_n_steps > 0:
-            if self.step_idx % self.checkpointer.cfg.every_n_steps == 0:
-                self.save_checkpoint()
+        if self.checkpointer is not None:
+            self.checkpointer.maybe_save(self.model, self.optimizer, step=self.step_idx, state=self._checkpoint_state)
         grouped = {"train/step": self.step_idx}
         if self.step_idx % self.cfg.log_every == 0:
             stats.update(grad_norm=float(grad_norm), train_step=self.step_idx, skipped_steps=float(self.skipped_steps),
                          step_skipped=0.0 if finite else 1.0, lr=lr)
-            grouped = self._log(stats, t0, t_fetch, batch)
+            grouped = self._log(stats, t0, t_fetch, micros)
         if self.nonfinite_in_row >= self.cfg.max_nonfinite_steps:
             raise diverged_loss(self.step_idx, self.nonfinite_in_row, lr)
         return grouped
 
-    def _log(self, stats: dict[str, Any], t0: float, t_fetch: float, batch: Any) -> dict[str, Any]:
-        """The step's record with its timings, reduced over ranks when configured, grouped and logged."""
+    def _log(self, stats: dict[str, Any], t0: float, t_fetch: float, micros: Sequence[MicroBatch]) -> dict[str, Any]:
+        """The step's record with its timings and throughput (module docstring), reduced over ranks when
+        configured, grouped and logged."""
         elapsed = time.perf_counter() - t0
-        tokens = sum(len(it.input_ids) for it in getattr(batch, "items", ()))
-        stats.update({"perf/step_time_s": elapsed, "perf/batch_time_s": t_fetch})
-        if tokens:
-            stats["perf/tokens_per_s"] = tokens / max(elapsed - t_fetch, 1e-9)
+        compute = max(elapsed - t_fetch, 1e-9)
+        tokens = sum(_non_pad_tokens(m.batch) for m in micros)
+        examples = sum(m.size if m.examples is None else m.examples for m in micros)
+        stats.update({"perf/step_time_s": elapsed, "perf/batch_time_s": t_fetch, "perf/tokens": float(tokens),
+                      "perf/examples": float(examples), "perf/tokens_per_s": tokens / compute,
+                      "perf/examples_per_s": examples / compute})
         if self.cfg.profile_memory and self.device.type == "cuda":
             stats["gpu_max_mem_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         if self.cfg.reduce_stats_across_ranks:
@@ -300,24 +290,10 @@ class Trainer:
         return grouped
 
     # ----------------------------------------------------------------------------------- publishing
-    @torch.no_grad()
     def push_weights(self) -> None:
-        """publisher.publish({name: tensor on runtime_device}, version=step_idx); PEFT adapters merged."""
-        peft = callable(getattr(self.model, "merge_adapter", None)) and callable(
-            getattr(self.model, "unmerge_adapter", None)
-        )
+        """publisher.publish({name: tensor on runtime_device}, version=step_idx) (`engine.publisher`)."""
         device = torch.device(self.cfg.runtime_device or self.cfg.model_device)
-        if peft:
-            self.model.merge_adapter()
-        try:
-            params = {
-                name: p.detach().to(device)
-                for name, p in self.model.named_parameters()
-                if (peft or p.requires_grad) and (self.param_filter is None or self.param_filter(name, p))
-            }
-        finally:
-            if peft:
-                self.model.unmerge_adapter()
+        params = policy_params(self.model, device, self.param_filter)
         if params:
             self.publisher.publish(params, version=self.step_idx)
 
@@ -327,17 +303,21 @@ class Trainer:
         objective's state (`Objective.state`)."""
         if self.checkpointer is None:
             raise ValueError("save_checkpoint needs a checkpoint_config")
+        meta, tensors = self._checkpoint_state()
+        return self.checkpointer.save(self.model, self.optimizer, step=self.step_idx, metadata=meta, tensors=tensors)
+
+    def _checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        """(metadata, tensors) of a checkpoint of the current step, besides the model and the optimizer."""
         meta, tensors = self.objective.state()
         meta = {
             **meta,
             "skipped_steps": self.skipped_steps,
             "grad_scaler": None if self.scaler is None else self.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "python_random": _py_random_state(),
+            "python_random": random_state(),
             "config": {k: v for k, v in asdict(self.cfg).items() if isinstance(v, (int, float, str, bool, type(None)))},
         }
-        tensors = {**rng_tensors(self.device), **tensors}
-        return self.checkpointer.save(self.model, self.optimizer, step=self.step_idx, metadata=meta, tensors=tensors)
+        return meta, {**rng_tensors(self.device), **tensors}
 
     def resume(self, resume_from: int | str) -> dict[str, Any]:
         """Load a checkpoint: an int / digit string is a step, an existing path a directory, "latest" the
@@ -357,7 +337,7 @@ class Trainer:
         if self.scaler is not None and state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])
         if "python_random" in state:
-            random.setstate(_py_random_from_json(state["python_random"]))
+            set_random_state(state["python_random"])
         tensors = state.get("tensors", {})
         restore_rng(tensors, self.device)
         self.objective.load_state(state, tensors)
@@ -415,14 +395,20 @@ class Trainer:
         return asyncio.run(self.train(num_steps, log_fn=log_fn, stop=stop))
 
 
-def _py_random_state() -> list[Any]:
-    version, internal, gauss = random.getstate()
-    return [version, list(internal), gauss]
+def _non_pad_tokens(batch: Mapping[str, Tensor]) -> int:
+    """The tokens of a collated micro-batch without its padding: packed, the sum of its sequence lengths;
+    padded, the sum of its attention mask."""
+    if "cu_seqlens" in batch:
+        return int(batch["cu_seqlens"][-1])
+    return int(batch["attention_mask"].sum())
 
 
-def _py_random_from_json(state: list[Any]) -> tuple[Any, ...]:
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)
+def __getattr__(name: str) -> Any:
+    if name == "Trainer":  # the engine was named Trainer before the RL trainer moved out of it
+        warnings.warn("ludic_fast.engine.trainer.Trainer is now Engine (an objective= is required); the RL trainer "
+                      "is ludic_fast.trainer.Trainer", DeprecationWarning, stacklevel=2)
+        return Engine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Trainer", "is_data_parallel"]
+__all__ = ["Engine", "is_data_parallel"]

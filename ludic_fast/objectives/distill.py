@@ -13,10 +13,11 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.data.pair_batching import collate_completions
+from ludic_fast.engine.objective import EngineView
 from ludic_fast.integrations.transformers import LMHead
-from ludic_fast.objectives.examples import rng_state, set_rng_state
 from ludic_fast.objectives.offline import OfflineObjective
 from ludic_fast.ops.divergence import linear_divergence
+from ludic_fast.run.checkpoint import random_state, set_random_state
 from ludic_fast.token_batch import TokenBatch
 
 
@@ -41,7 +42,7 @@ class DistillObjective(OfflineObjective):
         return [self.teacher]
 
     @torch.no_grad()
-    def prepare(self, engine: Any, examples: list[Any]) -> list[Any]:
+    def prepare(self, engine: EngineView, examples: list[Any]) -> list[Any]:
         """Replace completions by the student's samples (eval mode) with probability on_policy_fraction."""
         model = engine.model
         out, was_training = [], model.training
@@ -64,12 +65,16 @@ class DistillObjective(OfflineObjective):
     def lengths(self, example: tuple[list[int], list[int]]) -> list[int]:
         return [len(example[0]) + len(example[1])]
 
-    def collate(self, examples: list[Any], engine: Any) -> dict[str, Tensor]:
+    def collate(self, examples: list[Any], engine: EngineView) -> dict[str, Tensor]:
         prompts, completions = zip(*examples)
         return collate_completions(prompts, completions, layout=engine.cfg.layout, pad_token_id=engine.cfg.pad_token_id,
                                    max_length=engine.cfg.max_seq_len, device=engine.device)
 
-    def loss(self, engine: Any, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
+    def loss(self, engine: EngineView, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
+        options = engine.cfg.head_options()
+        if options.pop("chunk_elements") is not None:
+            raise ValueError("chunk_elements: the distillation divergence is chunked by memory_budget alone; "
+                             "leave chunk_elements unset")
         tb = TokenBatch.from_batch(batch)  # the completion tokens' rows and targets (never across a boundary)
 
         def rows(head: LMHead, hidden: Tensor) -> tuple[LMHead, Tensor]:
@@ -86,20 +91,19 @@ class DistillObjective(OfflineObjective):
             value = linear_divergence(hs, s_head.weight, ht, t_head.weight, tb.targets, kind=self.kind, beta=self.beta,
                                       temperature=self.temperature, hard_weight=self.hard_weight,
                                       b_student=s_head.bias, b_teacher=t_head.bias,
-                                      logit_scale=s_head.logit_scale, softcap=s_head.softcap,
-                                      memory_budget=engine.cfg.memory_budget, backend=engine.cfg.backend)
+                                      logit_scale=s_head.logit_scale, softcap=s_head.softcap, **options)
             return value, {"loss": value.detach(), "tokens": float(tb.n)}
 
         return engine.head_loss(batch, loss)
 
     def state(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
         meta, tensors = super().state()
-        return {**meta, "rng": rng_state(self._rng)}, tensors
+        return {**meta, "rng": random_state(self._rng)}, tensors
 
     def load_state(self, meta: dict[str, Any], tensors: dict[str, Tensor]) -> None:
         super().load_state(meta, tensors)
         if "rng" in meta:
-            set_rng_state(self._rng, meta["rng"])
+            set_random_state(meta["rng"], self._rng)
 
 
 __all__ = ["DistillObjective"]

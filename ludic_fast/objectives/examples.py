@@ -8,6 +8,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from ludic_fast.run.checkpoint import random_state, set_random_state
+
 
 class ExampleStream:
     def __init__(self, examples: Sequence[Any], *, batch_size: int, seed: int = 0):
@@ -29,22 +31,11 @@ class ExampleStream:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"order": list(self._order), "rng": rng_state(self._rng)}
+        return {"order": list(self._order), "rng": random_state(self._rng)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._order = [int(i) for i in state["order"]]
-        set_rng_state(self._rng, state["rng"])
+        set_random_state(state["rng"], self._rng)
 
 
-def rng_state(rng: random.Random) -> list[Any]:
-    """`rng.getstate()` as JSON-ready lists."""
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
-
-
-def set_rng_state(rng: random.Random, state: list[Any]) -> None:
-    version, internal, gauss = state
-    rng.setstate((version, tuple(internal), gauss))
-
-
-__all__ = ["ExampleStream", "rng_state", "set_rng_state"]
+__all__ = ["ExampleStream"]

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ludic_fast.engine.objective import MicroBatch
+from ludic_fast.engine.objective import EngineView, MicroBatch
 from ludic_fast.objectives.examples import ExampleStream
 
 
@@ -37,7 +37,7 @@ class OfflineObjective:
     def parameters(self) -> list[nn.Parameter]:
         return []
 
-    def prepare(self, engine: Any, examples: list[Any]) -> list[Any]:
+    def prepare(self, engine: EngineView, examples: list[Any]) -> list[Any]:
         """The step's examples as trained on (on-policy distillation replaces completions)."""
         del engine
         return examples
@@ -45,18 +45,18 @@ class OfflineObjective:
     def lengths(self, example: Any) -> list[int]:
         raise NotImplementedError
 
-    def collate(self, examples: list[Any], engine: Any) -> dict[str, Tensor]:
+    def collate(self, examples: list[Any], engine: EngineView) -> dict[str, Tensor]:
         raise NotImplementedError
 
-    async def next_batch(self, engine: Any) -> list[Any]:
+    async def next_batch(self, engine: EngineView) -> list[Any]:
         if self.stream is None:
             raise ValueError(f"{type(self).__name__}: call use_examples(examples, batch_size=...) first")
         return self.prepare(engine, self.stream.next())
 
-    def micro_batches(self, engine: Any, examples: list[Any]) -> list[MicroBatch]:
+    def micro_batches(self, engine: EngineView, examples: list[Any]) -> list[MicroBatch]:
         chunks = split_by_tokens(examples, [self.lengths(e) for e in examples], engine.cfg.micro_token_budget,
                                  max_seq_len=engine.cfg.max_seq_len, packed=engine.cfg.layout == "packed")
-        return [MicroBatch(batch, self.size(batch, len(chunk))) for chunk in chunks
+        return [MicroBatch(batch, self.size(batch, len(chunk)), examples=len(chunk)) for chunk in chunks
                 for batch in (self.collate(chunk, engine),)]
 
     def size(self, batch: dict[str, Tensor], n_examples: int) -> int:
@@ -64,7 +64,7 @@ class OfflineObjective:
         del batch
         return n_examples
 
-    def step_stats(self, engine: Any, examples: list[Any], micro_stats: Sequence[dict[str, Any]],
+    def step_stats(self, engine: EngineView, examples: list[Any], micro_stats: Sequence[dict[str, Any]],
                    sizes: Sequence[int]) -> dict[str, Any]:
         n = sum(sizes)
         out: dict[str, float] = {}
@@ -74,7 +74,7 @@ class OfflineObjective:
         out["num_examples"] = float(len(examples))
         return out
 
-    def after_step(self, engine: Any, stats: dict[str, Any], aux: Sequence[Any], finite: bool) -> None:
+    def after_step(self, engine: EngineView, stats: dict[str, Any], aux: Sequence[Any], finite: bool) -> None:
         return None
 
     def state(self) -> tuple[dict[str, Any], dict[str, Tensor]]:

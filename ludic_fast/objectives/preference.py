@@ -18,28 +18,11 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.data.pair_batching import KTOExample, PreferencePair, collate_kto, collate_pairs
-from ludic_fast.integrations.transformers import LMHead, final_hidden_states, lm_head
+from ludic_fast.engine.objective import EngineView
+from ludic_fast.integrations.transformers import LMHead
+from ludic_fast.objectives.logps import action_logps, reference_logps
 from ludic_fast.objectives.offline import OfflineObjective
 from ludic_fast.preference import KTOLoss
-from ludic_fast.token_batch import TokenBatch
-
-
-def action_logps(head: LMHead, hidden: Tensor, batch: Mapping[str, Tensor], **head_kwargs: Any) -> Tensor:
-    """log p of every action token at its position (shape of input_ids, 0 elsewhere), padded or packed, from
-    the final hidden states through the fused head."""
-    tb = TokenBatch.from_batch(batch)
-    rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, tb.rows)
-    out = head.logprobs(rows, tb.targets, entropy=False, **head_kwargs)
-    ref = out.logprobs.new_zeros(batch["input_ids"].numel())  # the head's dtype: float64 stays float64
-    ref[tb.rows + 1] = out.logprobs
-    return ref.reshape(batch["input_ids"].shape)
-
-
-@torch.no_grad()
-def reference_logps(ref_model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
-    """`action_logps` of a padded batch under `ref_model` in its own precision, outside any engine."""
-    hidden = final_hidden_states(ref_model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-    return action_logps(lm_head(ref_model), hidden, batch)
 
 
 class PreferenceObjective(OfflineObjective):
@@ -64,7 +47,7 @@ class PreferenceObjective(OfflineObjective):
             return [len(example.prompt) + len(example.completion)] * 2  # with its KL sample
         return [len(example.prompt) + len(example.chosen), len(example.prompt) + len(example.rejected)]
 
-    def collate(self, examples: list[Any], engine: Any) -> dict[str, Tensor]:
+    def collate(self, examples: list[Any], engine: EngineView) -> dict[str, Tensor]:
         cfg = engine.cfg
         kw = dict(pad_token_id=cfg.pad_token_id, max_length=cfg.max_seq_len, device=engine.device)
         if self.kto:
@@ -84,17 +67,13 @@ class PreferenceObjective(OfflineObjective):
         batch["ref_seq_logps"] = torch.cat([self._ref_cache[id(e)] for e in examples])
         return batch
 
-    def _reference(self, engine: Any, batch: Mapping[str, Tensor]) -> Tensor:
-        cfg = engine.cfg
-        kw = dict(chunk_elements=cfg.chunk_elements, memory_budget=cfg.memory_budget, backend=cfg.backend)
-        return engine.frozen_head(self.ref_model, batch, lambda head, h: action_logps(head, h, batch, **kw))
+    def _reference(self, engine: EngineView, batch: Mapping[str, Tensor]) -> Tensor:
+        options = engine.cfg.head_options()
+        return engine.frozen_head(self.ref_model, batch, lambda head, h: action_logps(head, h, batch, **options))
 
-    def loss(self, engine: Any, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
-        cfg = engine.cfg
-
+    def loss(self, engine: EngineView, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
         def loss(head: LMHead, hidden: Tensor) -> tuple[Tensor, dict[str, Any]]:
-            return self.loss_fn(batch, hidden=hidden, **head.kwargs(), chunk_elements=cfg.chunk_elements,
-                                memory_budget=cfg.memory_budget, backend=cfg.backend)
+            return self.loss_fn(batch, hidden=hidden, **head.kwargs(), **engine.cfg.head_options())
 
         return engine.head_loss(batch, loss)
 

@@ -8,6 +8,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ludic_fast.data.pair_batching import PreferencePair, collate_pairs
+from ludic_fast.engine.objective import EngineView
 from ludic_fast.integrations.transformers import LMHead
 from ludic_fast.objectives.offline import OfflineObjective
 from ludic_fast.reward_model import BradleyTerryLoss
@@ -26,11 +27,11 @@ class RewardObjective(OfflineObjective):
     def lengths(self, example: PreferencePair) -> list[int]:
         return [len(example.prompt) + len(example.chosen), len(example.prompt) + len(example.rejected)]
 
-    def collate(self, examples: list[Any], engine: Any) -> dict[str, Tensor]:
+    def collate(self, examples: list[Any], engine: EngineView) -> dict[str, Tensor]:
         return collate_pairs(examples, layout=engine.cfg.layout, pad_token_id=engine.cfg.pad_token_id,
                              max_length=engine.cfg.max_seq_len, device=engine.device)
 
-    def loss(self, engine: Any, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
+    def loss(self, engine: EngineView, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
         def loss(head: LMHead, hidden: Tensor) -> tuple[Tensor, dict[str, Any]]:
             del head  # the value head scores the hidden states, not the LM head
             vh = self.value_head

@@ -8,18 +8,25 @@ fused head. Reference model (KL terms): its log-probs of the action tokens go to
 through the same head, without gradients; ProRL-style tracking smooths the k3 estimate of KL(behaviour ||
 reference) on the sampled tokens, `mean(e^{ref - actor} - (ref - actor) - 1)`, by an exponential moving
 average and resets the reference to the policy (`ref <- policy`, "hard", or `ref <- α policy + (1 - α) ref`,
-"mix") when it exceeds `kl_target` or the loss's mean entropy falls below `entropy_floor`.
+"mix") when it exceeds `kl_target` or the loss's mean entropy falls below `entropy_floor`. Settings: `RLConfig`.
+
+Temperature: the losses and the reference score with the temperature the rollouts sampled with (each item's
+`meta["sampling_temperature"]`, which `rollout.sources.RolloutBatchSource` records), by the one rule of
+`ludic_fast._common.logprob_temperature` (greedy 0 scores at 1); items that record none are scored at 1.
+`RLConfig.temperature` overrides it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ludic_fast._common import head_temperature, logprob_temperature
 from ludic_fast.algorithm import RLAlgorithm
 from ludic_fast.data.batching import (
     MacroTotals,
@@ -28,11 +35,12 @@ from ludic_fast.data.batching import (
     group_index_of,
     split_items_by_token_budget,
 )
-from ludic_fast.data.types import SAWBatch
+from ludic_fast.data.types import SAWBatch, SAWItem
 from ludic_fast.distributed.macro import macro_totals_across_ranks
 from ludic_fast.engine.guard import diverged_sampling, is_sampling_divergence
-from ludic_fast.engine.objective import MicroBatch
+from ludic_fast.engine.objective import EngineView, MicroBatch
 from ludic_fast.integrations.transformers import LMHead
+from ludic_fast.objectives.logps import action_logps
 from ludic_fast.run.stats import Reducer, aggregate_stats
 
 log = logging.getLogger("ludic_fast.trainer")  # the public trainer's logger name
@@ -41,14 +49,51 @@ log = logging.getLogger("ludic_fast.trainer")  # the public trainer's logger nam
 #: episode statistics of `ludic_fast.agents.EnvBatchSource`)
 _META_KEYS = ("oversampling_factor", "zvp_filter_frac", "rollout_rounds", "zero_variance_group_frac",
               "zero_weight_frac", "empty_batches")
+_REF_RESETS = ("hard", "mix")
+
+
+@dataclass
+class RLConfig:
+    """The RL objective's settings (module docstring).
+
+    max_lag: drop items sampled more than this many policy versions before the current step (None: keep all).
+    temperature: the head temperature T of the losses and the reference, softmax(z / T); None (default): the
+    temperature the rollouts sampled with. kl_target / entropy_floor: reset the reference (needs a ref_model)
+    when the smoothed KL exceeds / the mean entropy falls below them; kl_ema_decay: the KL average's decay;
+    ref_reset: "hard" (ref <- policy) or "mix" (ref <- α policy + (1 - α) ref, α = ref_mix_alpha).
+    """
+
+    max_lag: int | None = None
+    temperature: float | None = None
+    kl_target: float | None = None
+    entropy_floor: float | None = None
+    kl_ema_decay: float = 0.9
+    ref_reset: str = "hard"
+    ref_mix_alpha: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.max_lag is not None and self.max_lag < 0:
+            raise ValueError(f"max_lag must be >= 0 or None, got {self.max_lag}")
+        if self.temperature is not None:
+            self.temperature = head_temperature(self.temperature)
+        if self.ref_reset not in _REF_RESETS:
+            raise ValueError(f"ref_reset must be one of {_REF_RESETS}, got {self.ref_reset!r}")
+        if not 0.0 < self.ref_mix_alpha <= 1.0:
+            raise ValueError(f"ref_mix_alpha must lie in (0, 1], got {self.ref_mix_alpha}")
+        if not 0.0 <= self.kl_ema_decay < 1.0:
+            raise ValueError(f"kl_ema_decay must lie in [0, 1), got {self.kl_ema_decay}")
 
 
 class RLObjective:
     """`algo` on the batches of `batch_source` (`async next_batch() -> SAWBatch`, optionally `state_dict()` /
-    `load_state_dict()` for exact resume); `ref_model`: a frozen copy for KL terms and resets."""
+    `load_state_dict()` for exact resume); `ref_model`: a frozen copy for KL terms and resets; `config`: the
+    settings (`RLConfig`, its defaults when None)."""
 
     def __init__(self, algo: RLAlgorithm, batch_source: Any, *, ref_model: nn.Module | None = None,
-                 reducers: Mapping[str, Reducer] | None = None):
+                 reducers: Mapping[str, Reducer] | None = None, config: RLConfig | None = None):
+        self.config = RLConfig() if config is None else config
+        if (self.config.kl_target is not None or self.config.entropy_floor is not None) and ref_model is None:
+            raise ValueError("kl_target / entropy_floor reset a reference model: pass ref_model")
         self.algo = algo
         self.name = algo.name
         self.batch_source = batch_source
@@ -56,6 +101,9 @@ class RLObjective:
         self.reducers = dict(reducers or {})
         self.ref_resets = 0
         self.kl_ref_ema: float | None = None
+        #: the head temperature of the current step (`step_temperature`)
+        self.temperature = 1.0 if self.config.temperature is None else self.config.temperature
+        self._warned_temperature = False
 
     def frozen_models(self) -> list[nn.Module]:
         return [] if self.ref_model is None else [self.ref_model]
@@ -64,7 +112,7 @@ class RLObjective:
         return []
 
     # ------------------------------------------------------------------------------------------- data
-    async def next_batch(self, engine: Any) -> SAWBatch:
+    async def next_batch(self, engine: EngineView) -> SAWBatch:
         """The next batch with items; batches left empty by max_lag or preprocess are skipped, counted in
         `empty_batches` (logged with the step) and reported on stderr at 1, 10, 100, ... in a row."""
         empty = 0
@@ -81,11 +129,11 @@ class RLObjective:
                 if is_sampling_divergence(exc):
                     raise diverged_sampling(engine.step_idx + 1, engine.optimizer.param_groups[0]["lr"]) from None
                 raise
-            if engine.cfg.max_lag is not None:
+            if self.config.max_lag is not None:
                 saw_batch.items = [
                     it
                     for it in saw_batch.items
-                    if engine.step_idx - it.meta.get("policy_version", engine.step_idx) <= engine.cfg.max_lag
+                    if engine.step_idx - it.meta.get("policy_version", engine.step_idx) <= self.config.max_lag
                 ]
             if self.algo.preprocess is not None:
                 saw_batch = self.algo.preprocess(saw_batch)
@@ -96,9 +144,27 @@ class RLObjective:
                 return saw_batch
             empty += 1
 
-    def micro_batches(self, engine: Any, saw_batch: SAWBatch) -> list[MicroBatch]:
+    def step_temperature(self, items: Sequence[SAWItem]) -> float:
+        """The head temperature of a step on `items` (module docstring): `config.temperature` when set, else
+        the one temperature the items were sampled with (ValueError when they were sampled at several)."""
+        recorded = {logprob_temperature(it.meta.get("sampling_temperature", 1.0), "meta['sampling_temperature']")
+                    for it in items}
+        if self.config.temperature is not None:
+            if recorded - {self.config.temperature} and not self._warned_temperature:
+                self._warned_temperature = True
+                log.warning("the losses score at temperature %s while the rollouts sampled at %s (an off-policy "
+                            "ratio); leave temperature unset to use the sampling temperature",
+                            self.config.temperature, sorted(recorded))
+            return self.config.temperature
+        if len(recorded) > 1:
+            raise ValueError(f"the step's items were sampled at several temperatures {sorted(recorded)}: set the "
+                             "RL config's temperature to score them at one")
+        return recorded.pop() if recorded else 1.0
+
+    def micro_batches(self, engine: EngineView, saw_batch: SAWBatch) -> list[MicroBatch]:
         """Token-budget chunks, collated with the step's totals; replaces `saw_batch.items` by the truncated,
-        sorted items. With a reference model each chunk carries `ref_logps` and its k3 KL estimate (aux)."""
+        sorted items and sets the step's temperature. With a reference model each chunk carries `ref_logps` and
+        its k3 KL estimate (aux)."""
         cfg = engine.cfg
         chunks = split_items_by_token_budget(
             saw_batch.items, micro_token_budget=cfg.micro_token_budget, max_seq_len=cfg.max_seq_len, layout=cfg.layout
@@ -106,6 +172,7 @@ class RLObjective:
         saw_batch.items = [it for chunk in chunks for it in chunk]
         if not saw_batch.items:
             raise ValueError("no items to train on after preprocessing")
+        self.temperature = self.step_temperature(saw_batch.items)
         index, macro = group_index_of(saw_batch.items), MacroTotals.of(saw_batch.items)
         if engine.data_parallel:  # DDP / FSDP1 name their group; FSDP2 uses the default one
             macro = macro_totals_across_ranks(macro, getattr(engine.model, "process_group", None))
@@ -122,47 +189,34 @@ class RLObjective:
                 batch["ref_logps"] = self.reference_logps(engine, batch)
                 if "actor_logps" in batch:
                     kl = _k3_on_samples(batch["ref_logps"], batch["actor_logps"], batch["action_mask"])
-            micros.append(MicroBatch(batch, len(chunk), kl))
+            micros.append(MicroBatch(batch, len(chunk), kl, examples=len(chunk)))
         return micros
 
     # ------------------------------------------------------------------------------------------- loss
-    def loss(self, engine: Any, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
-        cfg = engine.cfg
-
+    def loss(self, engine: EngineView, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
         def loss(head: LMHead, hidden: Tensor) -> tuple[Tensor, dict[str, Any]]:
-            return self.algo.compute_loss(
-                batch, hidden=hidden, **head.kwargs(), temperature=cfg.temperature, backend=cfg.backend,
-                chunk_elements=cfg.chunk_elements, memory_budget=cfg.memory_budget,
-            )
+            return self.algo.compute_loss(batch, hidden=hidden, **head.kwargs(), temperature=self.temperature,
+                                          **engine.cfg.head_options())
 
         return engine.head_loss(batch, loss, fp32_head=self.algo.fp32_head)
 
     @torch.no_grad()
-    def reference_logps(self, engine: Any, batch: Mapping[str, Tensor]) -> Tensor:
-        """log p_ref of each action token at its position ([B, T], 0 elsewhere), through the fused head."""
-        cfg, ids = engine.cfg, batch["input_ids"]
-        targets = torch.where(batch["action_mask"][:, 1:] > 0, ids[:, 1:], torch.full_like(ids[:, 1:], -100))
-
-        def logprobs(head: LMHead, h: Tensor) -> Tensor:
-            return head.logprobs(
-                h[:, :-1], targets, temperature=cfg.temperature, entropy=False, backend=cfg.backend,
-                chunk_elements=cfg.chunk_elements, memory_budget=cfg.memory_budget,
-            ).logprobs
-
-        scored = engine.frozen_head(self.ref_model, batch, logprobs, fp32_head=self.algo.fp32_head)
-        ref = scored.new_zeros(ids.shape)  # the head's dtype: float64 stays float64
-        ref[:, 1:] = scored
-        return ref
+    def reference_logps(self, engine: EngineView, batch: Mapping[str, Tensor]) -> Tensor:
+        """log p_ref of each action token at its position ([B, T], 0 elsewhere), through the fused head at the
+        step's temperature."""
+        options = {"temperature": self.temperature, **engine.cfg.head_options()}
+        return engine.frozen_head(self.ref_model, batch, lambda head, h: action_logps(head, h, batch, **options),
+                                  fp32_head=self.algo.fp32_head)
 
     # ------------------------------------------------------------------------------------------ stats
-    def step_stats(self, engine: Any, saw_batch: SAWBatch, micro_stats: Sequence[dict[str, Any]],
+    def step_stats(self, engine: EngineView, saw_batch: SAWBatch, micro_stats: Sequence[dict[str, Any]],
                    sizes: Sequence[int]) -> dict[str, Any]:
         stats = aggregate_stats(micro_stats, [saw_batch], reducers=self.reducers, micro_batch_sizes=list(sizes))
         stats.update({k: float(v) for k, v in saw_batch.meta.items()
                       if k in _META_KEYS or k.startswith(("episode_", "reward/"))})
         return stats
 
-    def after_step(self, engine: Any, stats: dict[str, Any], aux: Sequence[Any], finite: bool) -> None:
+    def after_step(self, engine: EngineView, stats: dict[str, Any], aux: Sequence[Any], finite: bool) -> None:
         """Reference tracking (module docstring) after a finite step; its values join the step's stats."""
         if self.ref_model is None:
             return
@@ -170,8 +224,8 @@ class RLObjective:
             self._track_reference(engine, [kl for kl in aux if kl is not None], stats)
         stats.update(kl_ref_ema=self.kl_ref_ema or 0.0, ref_resets=float(self.ref_resets))
 
-    def _track_reference(self, engine: Any, kl_ref: list[Tensor], stats: Mapping[str, float]) -> None:
-        cfg = engine.cfg
+    def _track_reference(self, engine: EngineView, kl_ref: list[Tensor], stats: Mapping[str, float]) -> None:
+        cfg = self.config
         if kl_ref:
             kl = float(torch.stack(kl_ref).mean())
             d = cfg.kl_ema_decay
@@ -183,10 +237,10 @@ class RLObjective:
             self.reset_reference(engine)
 
     @torch.no_grad()
-    def reset_reference(self, engine: Any) -> None:
+    def reset_reference(self, engine: EngineView) -> None:
         """ref <- policy ("hard") or ref <- α policy + (1 - α) ref ("mix"); the KL average restarts."""
         policy = dict(engine.model.named_parameters())
-        alpha = 1.0 if engine.cfg.ref_reset == "hard" else engine.cfg.ref_mix_alpha
+        alpha = 1.0 if self.config.ref_reset == "hard" else self.config.ref_mix_alpha
         for name, ref_p in self.ref_model.named_parameters():
             src = policy.get(name)
             if src is not None and src.shape == ref_p.shape:
@@ -227,4 +281,4 @@ def _k3_on_samples(ref: Tensor, actor: Tensor, action_mask: Tensor) -> Tensor:
     return (torch.exp(d) - d - 1).mean()
 
 
-__all__ = ["RLObjective"]
+__all__ = ["RLConfig", "RLObjective"]

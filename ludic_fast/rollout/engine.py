@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ludic_fast._common import logprob_temperature
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -26,8 +28,7 @@ class SamplingConfig:
     max_new_tokens: int = 32
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        logprob_temperature(self.temperature)  # finite and >= 0
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -37,7 +38,8 @@ class SamplingConfig:
 
     @property
     def logprob_temperature(self) -> float:
-        return self.temperature if self.temperature > 0 else 1.0
+        """The head temperature of this sampler's log-probs (`ludic_fast._common.logprob_temperature`)."""
+        return logprob_temperature(self.temperature)
 
 
 @dataclass(frozen=True)

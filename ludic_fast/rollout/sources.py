@@ -159,6 +159,7 @@ class RolloutBatchSource:
                     "group_id": gid,
                     "prompt_id": sample["id"],
                     "policy_version": version,
+                    "sampling_temperature": self.sampling.temperature,  # the RL objective scores at it
                     "engine": {"return_spec": {"return_chosen_logprobs": True}},
                 }
                 if components is not None:  # the reward's named parts, logged per batch

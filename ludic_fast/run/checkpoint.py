@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,11 +187,12 @@ class CheckpointManager:
         optimizer: torch.optim.Optimizer | None,
         *,
         step: int,
-        metadata: Mapping[str, Any] | None = None,
-        tensors: Mapping[str, torch.Tensor] | None = None,
+        state: Callable[[], tuple[Mapping[str, Any], Mapping[str, torch.Tensor]]] | None = None,
     ) -> Path | None:
-        """`save` when `every_n_steps > 0` and `step % every_n_steps == 0`."""
+        """`save` when `every_n_steps > 0` and `step % every_n_steps == 0`; `state()` gives its (metadata,
+        tensors) and is called only then (building them copies state a step does not need otherwise)."""
         if self.cfg.every_n_steps > 0 and step % self.cfg.every_n_steps == 0:
+            metadata, tensors = state() if state is not None else ({}, {})
             return self.save(model, optimizer, step=step, metadata=metadata, tensors=tensors)
         return None
 
@@ -307,6 +309,18 @@ def restore_rng(tensors: Mapping[str, torch.Tensor], device: torch.device | str)
         torch.cuda.set_rng_state(tensors["rng.torch_cuda"], device)
 
 
+def random_state(rng: Any = random) -> list[Any]:
+    """The state of a `random.Random` (or of the `random` module) as JSON-ready lists."""
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def set_random_state(state: list[Any], rng: Any = random) -> None:
+    """Restore what `random_state(rng)` returned."""
+    version, internal, gauss = state
+    rng.setstate((version, tuple(internal), gauss))
+
+
 def _is_tied_alias(model: nn.Module, name: str) -> bool:
     """True when `name` is a tensor shared with another state-dict entry (stored once by save_model)."""
     sd = model.state_dict()
@@ -315,4 +329,4 @@ def _is_tied_alias(model: nn.Module, name: str) -> bool:
 
 
 __all__ = ["CheckpointConfig", "CheckpointManager", "optimizer_to_flat", "optimizer_from_flat", "rng_tensors",
-           "restore_rng"]
+           "restore_rng", "random_state", "set_random_state"]
