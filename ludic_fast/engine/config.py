@@ -62,7 +62,7 @@ class EngineConfig:
     the forward runs under torch.autocast in that dtype while parameters, gradients and AdamW states keep
     theirs (fp32 master weights); the head gets the hidden states and its weight cast to it; fp16 adds a
     dynamic loss scale (torch.amp.GradScaler; an overflowing step is skipped and the scale lowered).
-    backend / memory_budget / chunk_elements: how the fused head runs (`head_options`): memory_budget is the
+    backend / memory_budget / chunk_elements: how the fused head runs (`head_options(cfg)`): memory_budget is the
     bytes (or a string like '4GiB') the LM head may hold beyond its inputs (`ludic_fast.ops.plan`; None: the
     device default); chunk_elements the low-level override of its chunking.
     max_nonfinite_steps: a loss that is not finite this many steps in a row (or rollouts sampling from inf/nan
@@ -139,9 +139,11 @@ class EngineConfig:
             raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
 
 
-    def head_options(self) -> dict[str, Any]:
-        """How the fused head runs, as its keyword arguments: backend, chunk_elements, memory_budget."""
-        return {"backend": self.backend, "chunk_elements": self.chunk_elements, "memory_budget": self.memory_budget}
+
+
+def head_options(cfg: EngineConfig) -> dict[str, Any]:
+    """How the fused head runs under `cfg`, as its keyword arguments: backend, chunk_elements, memory_budget."""
+    return {"backend": cfg.backend, "chunk_elements": cfg.chunk_elements, "memory_budget": cfg.memory_budget}
 
 
 def __getattr__(name: str) -> Any:
@@ -152,4 +154,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["MIXED_PRECISION", "EngineConfig", "resolve_pad_token_id"]
+__all__ = ["MIXED_PRECISION", "EngineConfig", "head_options", "resolve_pad_token_id"]

@@ -43,7 +43,8 @@ class EngineView(Protocol):
     """What an objective may read of the engine (`ludic_fast.engine.trainer.Engine` is one), and nothing else:
 
     cfg            the engine's settings (`EngineConfig`): layout, pad_token_id, max_seq_len, micro_token_budget,
-                   and the fused head's options (`cfg.head_options()`: backend, chunk_elements, memory_budget)
+                   and the fused head's options (`engine.config.head_options(cfg)`: backend, chunk_elements,
+                   memory_budget)
     device         where batches go (the model's device)
     model          the policy being trained (possibly DDP / FSDP / PEFT wrapped): for sampling from it
                    (on-policy distillation) and for copying it (the RL reference reset)

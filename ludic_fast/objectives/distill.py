@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.data.pair_batching import collate_completions
+from ludic_fast.engine.config import head_options
 from ludic_fast.engine.objective import EngineView
 from ludic_fast.integrations.transformers import LMHead
 from ludic_fast.objectives.offline import OfflineObjective
@@ -71,7 +72,7 @@ class DistillObjective(OfflineObjective):
                                    max_length=engine.cfg.max_seq_len, device=engine.device)
 
     def loss(self, engine: EngineView, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
-        options = engine.cfg.head_options()
+        options = head_options(engine.cfg)
         if options.pop("chunk_elements") is not None:
             raise ValueError("chunk_elements: the distillation divergence is chunked by memory_budget alone; "
                              "leave chunk_elements unset")

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.data.pair_batching import KTOExample, PreferencePair, collate_kto, collate_pairs
+from ludic_fast.engine.config import head_options
 from ludic_fast.engine.objective import EngineView
 from ludic_fast.integrations.transformers import LMHead
 from ludic_fast.objectives.logps import action_logps, reference_logps
@@ -68,12 +69,12 @@ class PreferenceObjective(OfflineObjective):
         return batch
 
     def _reference(self, engine: EngineView, batch: Mapping[str, Tensor]) -> Tensor:
-        options = engine.cfg.head_options()
+        options = head_options(engine.cfg)
         return engine.frozen_head(self.ref_model, batch, lambda head, h: action_logps(head, h, batch, **options))
 
     def loss(self, engine: EngineView, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
         def loss(head: LMHead, hidden: Tensor) -> tuple[Tensor, dict[str, Any]]:
-            return self.loss_fn(batch, hidden=hidden, **head.kwargs(), **engine.cfg.head_options())
+            return self.loss_fn(batch, hidden=hidden, **head.kwargs(), **head_options(engine.cfg))
 
         return engine.head_loss(batch, loss)
 

@@ -37,6 +37,7 @@ from ludic_fast.data.batching import (
 )
 from ludic_fast.data.types import SAWBatch, SAWItem
 from ludic_fast.distributed.macro import macro_totals_across_ranks
+from ludic_fast.engine.config import head_options
 from ludic_fast.engine.guard import diverged_sampling, is_sampling_divergence
 from ludic_fast.engine.objective import EngineView, MicroBatch
 from ludic_fast.integrations.transformers import LMHead
@@ -196,7 +197,7 @@ class RLObjective:
     def loss(self, engine: EngineView, batch: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Any]]:
         def loss(head: LMHead, hidden: Tensor) -> tuple[Tensor, dict[str, Any]]:
             return self.algo.compute_loss(batch, hidden=hidden, **head.kwargs(), temperature=self.temperature,
-                                          **engine.cfg.head_options())
+                                          **head_options(engine.cfg))
 
         return engine.head_loss(batch, loss, fp32_head=self.algo.fp32_head)
 
@@ -204,7 +205,7 @@ class RLObjective:
     def reference_logps(self, engine: EngineView, batch: Mapping[str, Tensor]) -> Tensor:
         """log p_ref of each action token at its position ([B, T], 0 elsewhere), through the fused head at the
         step's temperature."""
-        options = {"temperature": self.temperature, **engine.cfg.head_options()}
+        options = {"temperature": self.temperature, **head_options(engine.cfg)}
         return engine.frozen_head(self.ref_model, batch, lambda head, h: action_logps(head, h, batch, **options),
                                   fp32_head=self.algo.fp32_head)
 
