@@ -21,8 +21,7 @@ from ludic_fast.cli.presets import PRESETS
 from ludic_fast.cli.validation import UsageError
 from ludic_fast.data.preference_data import embedded_rows, encode_rows
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
-from ludic_fast.engine.config import TrainerConfig
-from ludic_fast.engine.trainer import Trainer
+from ludic_fast.trainer import Trainer, TrainerConfig
 
 PARSER = train_cli.build_parser("ludic-fast train")
 TOK = build_char_tokenizer()

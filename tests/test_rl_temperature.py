@@ -115,3 +115,21 @@ def test_one_rule_for_temperatures_and_lr():
     for lr in (0.0, -1e-3, math.nan):
         with pytest.raises(ValueError, match="lr must be > 0"):
             TrainerConfig(pad_token_id=0, lr=lr)
+
+
+def test_the_episode_runner_records_its_sampling_temperature():
+    """`ludic-fast train --env`: the episodes' items carry the runner's sampling temperature too."""
+    from ludic_fast.agents import EpisodeJob, EpisodeLimits, EpisodeRunner
+    from ludic_fast.agents.embedded_envs import GuessNumberEnv
+    from ludic_fast.embedded.tokenizer import ASCII_CHARACTERS, build_char_tokenizer
+
+    tok = build_char_tokenizer(ASCII_CHARACTERS)
+
+    class Sampler:
+        def generate(self, prompts, sampling, *, seed=None):
+            return [Completion(list(p), [tok.eos_token_id], [0.0], "stop") for p in prompts]
+
+    runner = EpisodeRunner(Sampler(), tok, sampling=SamplingConfig(temperature=0.6, max_new_tokens=4),
+                           limits=EpisodeLimits(max_turns=1))
+    (ep,) = asyncio.run(runner.run([EpisodeJob(GuessNumberEnv(), 0)]))
+    assert ep.rollout.meta["sampling_temperature"] == 0.6

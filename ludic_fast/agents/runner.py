@@ -215,6 +215,7 @@ class EpisodeRunner:
 
     def _new_state(self, job: EpisodeJob) -> _State:
         rollout = Rollout(meta={**job.meta, "env_seed": job.seed,
+                                "sampling_temperature": self.sampling.temperature,  # the RL objective scores at it
                                 "engine": {"return_spec": {"return_chosen_logprobs": True}}})
         return _State(job, Episode(rollout, EpisodeTokens(), []))
 
