@@ -343,3 +343,32 @@ def test_tool_schema_from_signature_and_docstring():
 
     with pytest.raises(TypeError, match="parameter x"):
         Tool.from_function(bad)
+
+
+def test_episode_items_travel_through_the_pipeline_actor(tok):
+    """The Redis pipeline's actor loop pushes multi-turn items; their payloads decode to the same items."""
+    from ludic_fast.distributed.pipeline import decode_item, encode_item, run_pipeline_actor
+
+    _, ep = play_quiz(tok)
+
+    class Producer:
+        actor_id, pushed, payloads = "a", 0, []
+
+        def learner_done(self):
+            return False
+
+        def queued(self):
+            return 0
+
+        def push(self, item, version, *, stop_requested):
+            self.payloads.append(encode_item(item, item_id=str(self.pushed), policy_version=version))
+            self.pushed += 1
+
+    producer = Producer()
+    items = episode_items([ep], EpisodicReturn(), per="step")
+    assert run_pipeline_actor(lambda version: items, producer, num_rounds=1) == 3
+    for payload, item in zip(producer.payloads, items, strict=True):
+        got = decode_item(payload)
+        assert got.input_ids == item.input_ids and got.action_mask == item.action_mask
+        assert got.actor_logps.token_logps == pytest.approx(item.actor_logps.token_logps)
+        assert got.meta["episode_turns"] == 3
