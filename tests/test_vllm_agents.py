@@ -1,7 +1,7 @@
 """`ludic-fast train --env --engine vllm | vllm-server`: multi-turn episodes sampled by vLLM, in-process or its
-server (token ids in, token ids and log-probs out, the sequence built turn by turn) train on-policy: the trainer's log-probs of the sampled tokens
-equal vLLM's, so the ratio is 1 and the actor-policy KL 0 at the first step (and every later one, the
-weights being pushed after each)."""
+server (token ids in, token ids and log-probs out, the sequence built turn by turn) train on-policy: the
+trainer's log-probs of the sampled tokens equal vLLM's, so the ratio is 1 and the actor-policy KL 0 at the
+first step (and every later one, the weights being pushed after each)."""
 
 from __future__ import annotations
 
