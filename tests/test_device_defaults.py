@@ -23,8 +23,8 @@ from ludic_fast.cli import train as train_cli
 from ludic_fast.cli.recipe import apply_recipe
 from ludic_fast.data.preference_data import embedded_rows, encode_rows
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
+from ludic_fast.losses import DPOLoss
 from ludic_fast.offline_trainer import OfflineConfig, OfflineTrainer, PreferenceObjective
-from ludic_fast.preference import DPOLoss
 from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager, restore_rng, rng_tensors
 from ludic_fast.trainer import Trainer, TrainerConfig
 

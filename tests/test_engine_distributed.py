@@ -10,8 +10,8 @@ import torch
 from ludic_fast.data.preference_data import embedded_rows, encode_rows
 from ludic_fast.distributed.local import run_local_group
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
+from ludic_fast.losses import DPOLoss
 from ludic_fast.objectives.preference import PreferenceObjective
-from ludic_fast.preference import DPOLoss
 from ludic_fast.trainer import Trainer, TrainerConfig
 
 pytestmark = pytest.mark.timeout(300)

@@ -14,10 +14,10 @@ from ludic_fast.cli.offline import OFFLINE_PRESETS
 from ludic_fast.cli.train import main
 from ludic_fast.data.preference_data import embedded_rows, encode_rows
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
+from ludic_fast.losses import DPOLoss
 from ludic_fast.objectives.distill import DistillObjective
 from ludic_fast.objectives.preference import PreferenceObjective
 from ludic_fast.objectives.reward import RewardObjective
-from ludic_fast.preference import DPOLoss
 from ludic_fast.trainer import Trainer, TrainerConfig
 
 TOK = build_char_tokenizer()
@@ -204,7 +204,7 @@ def test_cpo_preset_builds_the_cpo_loss_it_names(tmp_path, flags, loss_type, bet
     one step runs and logs the NLL term beside the rewards."""
     from ludic_fast.cli.offline import _loss
     from ludic_fast.cli.train import build_parser
-    from ludic_fast.preference import CPOLoss
+    from ludic_fast.losses import CPOLoss
 
     args = build_parser("ludic-fast train").parse_args(["--preset", "cpo", *flags])
     loss = _loss(args)

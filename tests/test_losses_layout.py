@@ -4,9 +4,11 @@ DeprecationWarning, and name the very same objects."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 from ludic_fast import losses, reference
 from ludic_fast.losses import preference
@@ -35,6 +37,29 @@ def test_one_import_holds_every_kind_of_loss():
     assert losses.linear_divergence is linear_divergence
     assert losses.DPOLoss is preference.DPOLoss
     assert all(hasattr(losses, n) for n in losses.__all__)
+
+
+_DEPRECATED = ("ludic_fast.preference", "ludic_fast.reward_model")
+
+
+def _imported_modules(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_the_library_imports_no_deprecated_path():
+    root = Path(losses.__file__).resolve().parents[1]
+    shims = {root / "preference.py", root / "reward_model.py"}
+    users = {
+        str(f.relative_to(root.parent)): sorted(m for m in _imported_modules(f) if m.startswith(_DEPRECATED))
+        for f in root.rglob("*.py") if f not in shims
+    }
+    assert {f: m for f, m in users.items() if m} == {}
 
 
 _OLD_PATHS = """

@@ -14,6 +14,7 @@ from _kill_resume import kill_mid_write_then_resume
 
 from ludic_fast.data.preference_data import embedded_rows, encode_rows
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
+from ludic_fast.losses import SimPOLoss
 from ludic_fast.offline_trainer import (
     DistillObjective,
     OfflineConfig,
@@ -21,7 +22,6 @@ from ludic_fast.offline_trainer import (
     PreferenceObjective,
     RewardObjective,
 )
-from ludic_fast.preference import SimPOLoss
 from ludic_fast.run.checkpoint import CheckpointConfig
 
 CHILD = textwrap.dedent(
@@ -33,7 +33,7 @@ CHILD = textwrap.dedent(
     from ludic_fast.run.checkpoint import CheckpointConfig
     from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
     from ludic_fast.offline_trainer import OfflineConfig, OfflineTrainer, PreferenceObjective
-    from ludic_fast.preference import DPOLoss
+    from ludic_fast.losses import DPOLoss
     from ludic_fast.data.preference_data import embedded_rows, encode_rows
 
     out, mode, steps, crash_step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

@@ -12,8 +12,8 @@ from ludic_fast.cli.train import main
 from ludic_fast.data.pair_batching import collate_pairs
 from ludic_fast.data.preference_data import embedded_rows, encode_rows, read_rows
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
+from ludic_fast.losses import DPOLoss, SimPOLoss
 from ludic_fast.offline_trainer import OfflineConfig, OfflineTrainer, PreferenceObjective, reference_logps
-from ludic_fast.preference import DPOLoss, SimPOLoss
 
 
 def _run(tmp_path, preset, *extra):
@@ -97,8 +97,8 @@ def test_reference_sums_are_computed_once_per_pair():
 
 
 def _objective(kind, other):
+    from ludic_fast.losses import KTOLoss
     from ludic_fast.offline_trainer import DistillObjective, RewardObjective
-    from ludic_fast.preference import KTOLoss
 
     return {"dpo": lambda: PreferenceObjective(DPOLoss(), other),
             "kto": lambda: PreferenceObjective(KTOLoss(), other),

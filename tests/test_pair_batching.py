@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ludic_fast import preference as P
 from ludic_fast.data.pair_batching import KTOExample, PreferencePair, collate_completions, collate_kto, collate_pairs
+from ludic_fast.losses import preference as P
 
 PAIRS = [PreferencePair([5, 6], [7, 8, 9], [3]), PreferencePair([1], [2, 2], [4, 4, 4, 4])]
 

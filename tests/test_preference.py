@@ -10,9 +10,9 @@ from _alloc import LargestAllocation
 from test_losses_common import D, V, draw_rows, rel_err, to_packed
 from torch.utils.flop_counter import FlopCounterMode
 
-from ludic_fast import preference as P
 from ludic_fast import reference as R
 from ludic_fast.losses import DPOLoss as ReExported
+from ludic_fast.losses import preference as P
 from ludic_fast.ops.fused_loss import _group_chunks
 
 LENGTHS = [9, 7, 5, 8, 6, 9]  # 3 pairs (rows 2i chosen, 2i+1 rejected), right padding

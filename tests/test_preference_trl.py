@@ -22,8 +22,8 @@ import torch
 from test_losses_common import rel_err
 from test_preference import CHUNKS, make_pairs
 
-from ludic_fast import preference as P
 from ludic_fast import reference as R
+from ludic_fast.losses import preference as P
 from ludic_fast.reference import preference as RP
 
 trl_dpo = pytest.importorskip("trl.trainer.dpo_trainer")

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from test_losses_common import rel_err, to_packed
 from test_preference import CHUNKS, make_pairs
 
-from ludic_fast import preference as P
 from ludic_fast import reference as R
+from ludic_fast.losses import preference as P
 from ludic_fast.losses.preference.dpo_terms import LOSS_TYPES
 from ludic_fast.reference import preference as RP
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ludic_fast.data.pair_batching import PreferencePair, collate_pairs
-from ludic_fast.reward_model import BradleyTerryLoss, sequence_rewards
+from ludic_fast.losses import BradleyTerryLoss, sequence_rewards
 
 
 def test_hand_derived_loss_and_stats():

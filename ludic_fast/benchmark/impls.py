@@ -542,7 +542,7 @@ FLOOR = "gemm-fwd+bwd"
 
 #: Modules the builders import. The worker imports every installed one before measuring, so each process
 #: carries the same runtime and peak-RSS figures compare the implementations, not their imports.
-PRELOAD = ("ludic_fast.losses", "ludic_fast.preference", "liger_kernel.chunked_loss", "liger_kernel.transformers",
+PRELOAD = ("ludic_fast.losses", "liger_kernel.chunked_loss", "liger_kernel.transformers",
            "trl.kernels", "trl.kernels.chunked_divergence", "trl.trainer.utils",
            "verl.utils.experimental.torch_functional", "cut_cross_entropy")
 

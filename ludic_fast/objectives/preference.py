@@ -1,5 +1,5 @@
 """Preference objectives on the engine: the DPO family, IPO, SimPO, ORPO, CPO (pairs) and KTO (labelled
-completions), any `ludic_fast.preference` loss (`make_preference_loss`).
+completions), any `ludic_fast.losses` preference loss (`make_preference_loss`).
 
 A micro-batch is `collate_pairs` (sequence 2i chosen, 2i+1 rejected) or `collate_kto` (with in-batch KL
 samples); its loss is `loss_fn(batch, hidden=h, **head)` on the fused head. The reference model (a frozen
@@ -21,13 +21,13 @@ from ludic_fast.data.pair_batching import KTOExample, PreferencePair, collate_kt
 from ludic_fast.engine.config import head_options
 from ludic_fast.engine.objective import EngineView
 from ludic_fast.integrations.transformers import LMHead
+from ludic_fast.losses import KTOLoss
 from ludic_fast.objectives.logps import action_logps, reference_logps
 from ludic_fast.objectives.offline import OfflineObjective
-from ludic_fast.preference import KTOLoss
 
 
 class PreferenceObjective(OfflineObjective):
-    """`loss_fn` (a `ludic_fast.preference` loss) on pairs, or on KTO examples for `KTOLoss`; `ref_model`:
+    """`loss_fn` (a `ludic_fast.losses` preference loss) on pairs, or on KTO examples for `KTOLoss`; `ref_model`:
     a frozen copy of the initial policy, required by the losses with `uses_reference`."""
 
     def __init__(self, loss_fn: Any, ref_model: nn.Module | None = None):

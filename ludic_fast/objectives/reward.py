@@ -1,5 +1,5 @@
 """The reward-model objective: Bradley-Terry on a scalar value head (`nn.Linear(D, 1)`, trained with the
-model) over the backbone's final hidden states of `collate_pairs` batches (`ludic_fast.reward_model`)."""
+model) over the backbone's final hidden states of `collate_pairs` batches (`ludic_fast.losses.reward`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from torch import Tensor, nn
 from ludic_fast.data.pair_batching import PreferencePair, collate_pairs
 from ludic_fast.engine.objective import EngineView
 from ludic_fast.integrations.transformers import LMHead
+from ludic_fast.losses import BradleyTerryLoss
 from ludic_fast.objectives.offline import OfflineObjective
-from ludic_fast.reward_model import BradleyTerryLoss
 
 
 class RewardObjective(OfflineObjective):

@@ -1,9 +1,9 @@
-"""Reference twins of the preference losses (`ludic_fast.preference`) on materialised logits.
+"""Reference twins of the preference losses (`ludic_fast.losses.preference`) on materialised logits.
 
 Plain PyTorch, padded layout `logits [B, T, V]`, float32 (float64 when the logits are: every value then
 float64): position j scores
 token j+1, M[b, j] = action_mask[b, j+1], L_b = Σ_j M ℓ (÷ max(1, Σ_j M) when length-normalised).
-Sequences 2i / 2i+1 are the chosen / rejected responses of pair i. Formulas as in `ludic_fast.preference`.
+Sequences 2i / 2i+1 are the chosen / rejected responses of pair i. Formulas as in `ludic_fast.losses.preference`.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def _ld_weights(mask: Tensor, ld_alpha: float) -> Tensor:
 
 @dataclass
 class DPOLoss(_Ref):
-    """Σ_k w_k mean_pairs ℓ_k over the loss types (TRL 1.16's DPO family; `ludic_fast.preference.dpo_terms`),
+    """Σ_k w_k mean_pairs ℓ_k over the loss types (TRL 1.16's DPO family; `ludic_fast.losses.preference.dpo_terms`),
     sigmoid: -(1-ε) log σ(u) - ε log σ(-u), u = β[(L_w - R_w) - (L_l - R_l)]."""
 
     beta: float = 0.1
