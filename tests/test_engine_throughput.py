@@ -16,10 +16,10 @@ from ludic_fast.data.preference_data import embedded_rows, encode_rows
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
 from ludic_fast.engine.config import EngineConfig
 from ludic_fast.engine.trainer import Engine
+from ludic_fast.losses import DPOLoss
 from ludic_fast.objectives.distill import DistillObjective
 from ludic_fast.objectives.preference import PreferenceObjective
 from ludic_fast.objectives.reward import RewardObjective
-from ludic_fast.preference import DPOLoss
 
 TOK = build_char_tokenizer()
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
