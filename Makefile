@@ -108,6 +108,7 @@ test-newest: $(NEWEST_STAMP)
 
 docs: $(STAMP)
 	$(PY) tools/gen_api.py
+	$(PY) tools/gen_registry_docs.py
 
 # the GPU suite, each test under a time limit (bench/gpu_suite.py: a failure is a line of its verdict, a hang costs
 # its limit), then the key GPU table whatever the verdict; what this python lacks is installed from the wheels in

@@ -1,6 +1,6 @@
 """The docs stand on their own: every relative link and every repository path they quote exists, nothing
-points at files the project does not ship (design notes, reference notes, issue numbers), the README's
-preset list is the CLI's, and docs/api.md is what the API reference generator writes."""
+points at files the project does not ship (design notes, reference notes, issue numbers), the README
+points at the generated preset tables, and docs/api.md and docs/presets.md are what their generators write."""
 
 from __future__ import annotations
 
@@ -49,19 +49,19 @@ def test_no_pointers_outside_the_project(path):
     assert not hits, f"{path.relative_to(ROOT)} points outside the project: {hits}"
 
 
-def test_cli_help_stands_on_its_own_and_readme_presets_match():
+def test_cli_help_stands_on_its_own_and_the_docs_preset_lists_are_the_registry():
+    """--help says nothing outside the project; the README points at the generated tables (docs/presets.md) and
+    a hand-written list of offline presets (docs/preference.md) names exactly the registry's."""
     from ludic_fast.cli import train as train_cli
-    from ludic_fast.cli.offline import OFFLINE_PRESETS
+    from ludic_fast.cli.presets import PRESETS
 
     text = train_cli.build_parser("ludic-fast train").format_help()
     assert not FORBIDDEN.search(text)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    listed = re.search(r"ludic-fast train --preset \{([^}]*)\}", readme).group(1).split(",")
-    assert sorted(listed) == sorted(train_cli.PRESETS)
+    assert "(docs/presets.md)" in readme
     preference = (ROOT / "docs" / "preference.md").read_text(encoding="utf-8")
-    for text in (readme, preference):
-        offline = re.search(r"--preset ((?:\w+\|)+\w+)", text).group(1).split("|")
-        assert sorted(offline) == sorted(OFFLINE_PRESETS)
+    offline = re.search(r"--preset ((?:\w+\|)+\w+)", preference).group(1).split("|")
+    assert sorted(offline) == sorted(p.name for p in PRESETS if p.offline)
 
 
 def test_api_reference_generator_covers_its_modules():
@@ -85,4 +85,14 @@ def test_api_reference_is_up_to_date():
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "gen_api.py"), "--check"], capture_output=True, text=True, timeout=300
     )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_registry_tables_are_up_to_date():
+    """`tools/gen_registry_docs.py --check` passes: docs/presets.md is what the registries generate (`make docs`)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_registry_docs.py"), "--check"],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -181,3 +181,14 @@ def test_engine_is_the_deprecated_name_of_sampler():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert PARSER.parse_args(["--sampler", "vllm"]).engine == "vllm"
+
+
+def test_every_preset_sampler_and_reward_has_a_row_in_the_docs_tables():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "presets.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip().strip("`") for line in text.splitlines() if line.startswith("| `")}
+    for name in [*PRESETS.names(), *SAMPLERS.names()]:
+        assert name in rows, f"{name} has no row in docs/presets.md"
+    for reward in REWARD_FUNCS:
+        assert (f"{reward.name}:<arg>" if reward.takes_arg else reward.name) in rows
