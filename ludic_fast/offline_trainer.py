@@ -33,6 +33,8 @@ from ludic_fast.run.checkpoint import CheckpointConfig
 
 #: max_length=None (no truncation) maps to this engine max_seq_len
 _UNBOUNDED_LENGTH = 1 << 20
+#: OfflineConfig's default micro_token_budget: 16 pairs of two 64-token sequences, the former loop's
+_DEFAULT_BUDGET = 16 * 2 * 64
 #: OfflineConfig's former names -> the engine's
 _RENAMED = {"device": "model_device", "max_length": "max_seq_len", "mixed_precision": "mixed_precision_dtype",
             "micro_batch_size": "micro_token_budget (= micro_batch_size x 2 x max_seq_len)"}
@@ -54,7 +56,7 @@ class OfflineConfig(EngineConfig):
     lr: float = 1e-3
     weight_decay: float = 0.0
     max_seq_len: int = 64
-    micro_token_budget: int = 2048
+    micro_token_budget: int = _DEFAULT_BUDGET
     sync_every_steps: int = 0
     pad_token_id: Any = 0
     steps: int = 40
@@ -75,14 +77,16 @@ class OfflineConfig(EngineConfig):
                           stacklevel=3)
         if device is not None:
             self.model_device = device
-        if max_length != 0:
-            self.max_seq_len = _UNBOUNDED_LENGTH if max_length is None else max_length
         if mixed_precision is not None:
             self.mixed_precision_dtype = mixed_precision
-        if micro_batch_size != 0:
-            if micro_batch_size < 1:
+        if max_length != 0 or micro_batch_size != 0:  # the former sizes, together as before (16 pairs a micro-batch)
+            if self.micro_token_budget != _DEFAULT_BUDGET:
+                raise ValueError("micro_token_budget: give it, or the former max_length / micro_batch_size, not both")
+            if micro_batch_size < 0:
                 raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-            self.micro_token_budget = micro_batch_size * 2 * self.max_seq_len
+            if max_length != 0:
+                self.max_seq_len = _UNBOUNDED_LENGTH if max_length is None else max_length
+            self.micro_token_budget = (micro_batch_size or 16) * 2 * self.max_seq_len
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
