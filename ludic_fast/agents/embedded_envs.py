@@ -8,9 +8,9 @@ SFT warm-up.
 - `CalculatorEnv` (a tool task): "a*b=" with two-digit operands, which the tiny model cannot multiply; the
   tool `calc(e)` can. Reward 1 when the final answer (a turn without a tool call) is the product.
 
-`demonstrations(n, seed)` gives n demonstrated conversations for the SFT warm-up: half follow the good
-policy (bisection / calling the tool), half a poor one (guesses that ignore the feedback / answering without
-the tool), so the warmed-up model plays both and RL has a reward gap to close.
+`demonstrations(n, seed)` gives n demonstrated conversations for the SFT warm-up: a `good_share` (default
+half) follow the good policy (bisection / calling the tool), the others a poor one (guesses that ignore the
+feedback / answering without the tool), so the warmed-up model plays both and RL has a reward gap to close.
 """
 
 from __future__ import annotations
@@ -22,16 +22,29 @@ from dataclasses import dataclass
 from ludic_fast.agents.protocol import AssistantTurn, Message, StepResult
 
 
+def _check_share(share: float) -> None:
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"good_share must lie in [0, 1], got {share}")
+
+
+def _demonstrations(env: GuessNumberEnv | CalculatorEnv, n: int, seed: int) -> list[list[Message]]:
+    """n demonstrations on seeds drawn from `seed`, each played well with probability `env.good_share`."""
+    rng = random.Random(seed)
+    return [env.demonstration(rng.randrange(2**31), rng.random() < env.good_share) for _ in range(n)]
+
+
 @dataclass
 class GuessNumberEnv:
     """Guess the secret in [0, max_number] with "higher" / "lower" feedback (module docstring)."""
 
     max_number: int = 9
     max_turns: int = 4
+    good_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.max_number < 1 or self.max_turns < 1:
             raise ValueError(f"max_number and max_turns must be >= 1, got {self.max_number}, {self.max_turns}")
+        _check_share(self.good_share)
         self.secret = 0
 
     def prompt(self) -> str:
@@ -70,9 +83,8 @@ class GuessNumberEnv:
         return messages
 
     def demonstrations(self, n: int, seed: int = 0) -> list[list[Message]]:
-        """n conversations on seeds drawn from `seed`: even ones bisect, odd ones guess at random."""
-        rng = random.Random(seed)
-        return [self.demonstration(rng.randrange(2**31), k % 2 == 0) for k in range(n)]
+        """n conversations on seeds drawn from `seed`: a `good_share` of them bisect, the others guess at random."""
+        return _demonstrations(self, n, seed)
 
 
 def calc(e: str) -> str:
@@ -94,10 +106,12 @@ class CalculatorEnv:
 
     max_operand: int = 99
     max_turns: int = 3
+    good_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.max_operand < 10 or self.max_turns < 2:
             raise ValueError(f"need max_operand >= 10 and max_turns >= 2, got {self.max_operand}, {self.max_turns}")
+        _check_share(self.good_share)
         self.tools = [calc]
         self.a = self.b = 0
 
@@ -125,9 +139,8 @@ class CalculatorEnv:
         return messages + [{"role": "assistant", "content": str(guess)}]
 
     def demonstrations(self, n: int, seed: int = 0) -> list[list[Message]]:
-        """n conversations on seeds drawn from `seed`: even ones use the tool, odd ones guess."""
-        rng = random.Random(seed)
-        return [self.demonstration(rng.randrange(2**31), k % 2 == 0) for k in range(n)]
+        """n conversations on seeds drawn from `seed`: a `good_share` of them use the tool, the others guess."""
+        return _demonstrations(self, n, seed)
 
 
 #: the embedded environments by CLI name

@@ -61,7 +61,7 @@ def episode_item(ep: Episode, weight: float) -> SAWItem:
     )
 
 
-def episode_items(episodes: Sequence[Episode], credit_assigner: CreditAssigner, *, per: str = "step"
+def episode_items(episodes: Sequence[Episode], credit_assigner: CreditAssigner, *, per: str = "episode"
                   ) -> list[SAWItem]:
     """SAW items of the given (trainable) episodes under `credit_assigner` (module docstring)."""
     if per not in PER:

@@ -42,7 +42,7 @@ class EnvBatchSource:
     """Episodes of `make_env()` environments as SAW batches (module docstring)."""
 
     def __init__(self, *, make_env: Callable[[], Env], runner: EpisodeRunner, credit_assigner: CreditAssigner,
-                 seeds_per_batch: int, group_size: int, seed: int = 0, per: str = "step",
+                 seeds_per_batch: int, group_size: int, seed: int = 0, per: str = "episode",
                  rewards: WeightedRewards | None = None, sample_filter: SampleFilter | None = None,
                  episode_log: str | Path | None = None, log_episodes: int = 4):
         if seeds_per_batch < 1 or group_size < 1:

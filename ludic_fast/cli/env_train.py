@@ -59,7 +59,8 @@ def add_env_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--env-timeout", type=float, default=30.0, help="seconds each env reset/step may take")
     g.add_argument("--tool-timeout", type=float, default=30.0, help="seconds each tool call may take")
     g.add_argument("--format-penalty", type=float, default=0.0, help="reward added per malformed tool call")
-    g.add_argument("--episode-items", default="step", choices=PER, help="one SAW item per model turn or per episode")
+    g.add_argument("--episode-items", default="episode", choices=PER,
+                   help="one SAW item per episode (default) or per model turn (docs/agents.md, Credit)")
     g.add_argument("--episode-log", type=int, default=4, help="episodes per batch written to episodes.jsonl (0 = off)")
     g.add_argument("--demonstrations", type=int, default=512,
                    help="SFT warm-up conversations from the environment's demonstrations(n, seed)")
