@@ -16,7 +16,9 @@ import functools
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Any, TypeVar
+
+_Codec = TypeVar("_Codec", bound="DictCodec")  # typing.Self is Python 3.11+; the package supports 3.10
 
 
 class DictCodec:
@@ -26,7 +28,7 @@ class DictCodec:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+    def from_dict(cls: type[_Codec], data: Mapping[str, Any]) -> _Codec:
         if not isinstance(data, Mapping):
             raise TypeError(f"{cls.__name__}.from_dict needs a dict, got {type(data).__name__}")
         hints = _field_types(cls)
