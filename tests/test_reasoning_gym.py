@@ -154,3 +154,25 @@ def test_per_dataset_score_is_logged_in_batches_and_evaluation():
     for n in names:
         rows = [i for i, s in enumerate(evals) if f"rg/{s['task']}" == n]
         assert metrics[f"reward/{n}"] == pytest.approx(sum(i % 2 == 0 for i in rows) / len(rows))
+
+
+def test_cli_trains_a_reasoning_gym_task_and_logs_its_score(tmp_path, capsys):
+    from ludic_fast.cli import train as train_cli
+    from ludic_fast.run.loggers import read_jsonl
+
+    task = ["--task", "reasoning_gym:chain_sum", "--task-arg", "prompt=plain", "--task-arg", "size=16",
+            "--task-arg", "eval_size=8", *[f"--task-arg={k}={v}" for k, v in SMALL.items()]]
+    fast = ["--sft-steps", "2", "--rl-steps", "2", "--prompts-per-batch", "2", "--group-size", "2", "--eval-every",
+            "2", "--max-new-tokens", "3", "--logger", "none", "--threads", "1", "--no-plot"]
+    assert train_cli.main(["train", *task, *fast, "--output-dir", str(tmp_path)]) == 0
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    train = [r for r in records if r["phase"] == "rl" and "train/loss" in r]
+    assert len(train) == 2 and all(r["train/reward/rg/chain_sum"] == r["train/avg_total_reward"] for r in train)
+    assert any("eval/reward/rg/chain_sum" in r for r in records)
+    for bad, says in [(["--reward", "numeric"], "--reward does not apply to a reasoning_gym: task"),
+                      (["--task-arg", "bogus=1"], "has no option(s) bogus"),
+                      (["--task", "reasoning_gym:nope"], "no dataset 'nope'")]:
+        assert train_cli.main(["train", *task, *fast, *bad, "--output-dir", str(tmp_path / "x")]) == 2
+        assert says in capsys.readouterr().err
+    assert train_cli.main(["train", "--task-arg", "size=3", *fast, "--output-dir", str(tmp_path / "y")]) == 2
+    assert "--task-arg applies to a reasoning_gym:NAME task" in capsys.readouterr().err

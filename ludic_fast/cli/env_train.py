@@ -32,8 +32,8 @@ from ludic_fast.rollout.engine import SamplingConfig
 ENV_ONLY = ("env_arg", "env_reward", "max_turns", "max_episode_tokens", "env_timeout", "tool_timeout",
             "format_penalty", "episode_items", "episode_log", "demonstrations")
 #: single-turn task flags that do not apply with --env
-TASK_ONLY = ("task", "eval_task", "eval_holdout", "eval_on_train", "reward", "reward_weights", "dynamic_sampling",
-             "max_rounds", "tie_jitter")
+TASK_ONLY = ("task", "task_arg", "eval_task", "eval_holdout", "eval_on_train", "reward", "reward_weights",
+             "dynamic_sampling", "max_rounds", "tie_jitter")
 #: log keys of the episode statistics, shown by the console loggers in an --env run
 EPISODE_KEYS = ("train/episode_turns_mean", "train/episode_tool_calls_mean", "train/episode_tool_errors_mean",
                 "train/episode_failed", "train/episode_truncated", "eval/success")

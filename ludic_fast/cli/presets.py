@@ -72,7 +72,7 @@ TRAINER_FLAGS = ("config", "model", "tokenizer", "chat_template", "device", "see
                  "max_to_keep", "resume", "logger", "wandb", "no_plot", "profile", "dtype", "attn", "layout",
                  "body_kernels", "compile_body")
 #: flags of the RL presets: the task, rewards, the SFT warm-up, rollouts and their sampler, evaluation
-RL_FLAGS = ("task", "eval_task", "eval_holdout", "eval_on_train", "reward", "reward_weights", "sft_steps",
+RL_FLAGS = ("task", "task_arg", "eval_task", "eval_holdout", "eval_on_train", "reward", "reward_weights", "sft_steps",
             "sft_batch_size", "sft_lr", "sft_data", "rl_steps", "prompts_per_batch", "group_size", "temperature",
             "max_new_tokens", "dynamic_sampling", "max_rounds", "tie_jitter", "engine", "vllm_arg", "vllm_url",
             "max_lag", "eval_every", "backend", "env", "env_arg", "env_reward", "max_turns", "max_episode_tokens",

@@ -56,7 +56,8 @@ def build_model_and_tokenizer(args: argparse.Namespace, tok: Any = None) -> tupl
             seed=args.seed,
             attn_implementation=args.attn,
             # episodes are longer than the demo's 64 positions (a rotary model: no parameter depends on it)
-            **({"max_position_embeddings": max(64, args.max_episode_tokens)} if getattr(args, "env", None) else {}),
+            **({"max_position_embeddings": max(64, args.max_episode_tokens)} if getattr(args, "env", None)
+               else {"max_position_embeddings": max(64, args.max_seq_len or 64)}),
         )
         return model, tok
     from transformers import AutoModelForCausalLM
@@ -147,7 +148,7 @@ def default_output_dir(args: argparse.Namespace, command: str) -> str:
     """runs/demo for `demo`; runs/<task>-<preset>-<YYYYmmdd-HHMMSS> for `train`."""
     if command == "demo":
         return "runs/demo"
-    task = "addition" if args.task == "embedded" else Path(args.task).stem
+    task = "addition" if args.task == "embedded" else Path(args.task.replace(":", "-").replace(",", "+")).stem
     return f"runs/{task}-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 

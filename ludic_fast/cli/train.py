@@ -117,7 +117,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "it); flags given beside it override it")
     g.add_argument("--model", default="embedded", help="'embedded' (tiny Llama from a config) or a HF name/path")
     g.add_argument("--tokenizer", default=None, help="HF tokenizer name/path (default: the model's, or embedded)")
-    g.add_argument("--task", default="embedded", help="'embedded' (addition) or a JSONL file of prompt/answer rows")
+    g.add_argument("--task", default="embedded",
+                   help="'embedded' (addition), a JSONL file of prompt/answer rows, or reasoning_gym:NAME[,NAME...] "
+                        "(reasoning-gym datasets scored by their own score_answer; docs/environments.md)")
+    g.add_argument("--task-arg", type=env_train._key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of a reasoning_gym: task (repeatable): seed, size, eval_seed, eval_size, "
+                        "prompt=tags|plain, or the dataset's own options")
     g.add_argument("--eval-task", default=None, help="JSONL of eval rows (default: see --eval-holdout)")
     g.add_argument(
         "--eval-holdout",
@@ -215,6 +220,10 @@ def build_task(args: argparse.Namespace) -> PromptAnswerTask:
     """The task with its eval rows (module docstring); a bad file or flag raises UsageError (one line)."""
     if args.eval_task and args.eval_on_train:
         raise UsageError("--eval-on-train and --eval-task exclude each other")
+    if args.task.startswith(RG_PREFIX):
+        return reasoning_gym_cli_task(args)
+    if args.task_arg:
+        raise UsageError(f"--task-arg applies to a {RG_PREFIX}NAME task")
     on_train = eval_on_train(args)
     reward = reward_from_specs(args.reward or ["exact"], args.reward_weights)
     if args.task == "embedded":
@@ -239,6 +248,23 @@ def build_task(args: argparse.Namespace) -> PromptAnswerTask:
             f"--task {args.task} has {len(task.samples)} row(s), too few to hold out an eval set; "
             "pass --eval-task FILE or --eval-on-train"
         ) from None
+
+
+RG_PREFIX = "reasoning_gym:"
+
+
+def reasoning_gym_cli_task(args: argparse.Namespace) -> PromptAnswerTask:
+    """--task reasoning_gym:NAME with its --task-arg options (dataset seed 0 unless given; eval from disjoint seeds)."""
+    for flag in ("eval_task", "reward", "eval_on_train"):
+        if getattr(args, flag) not in (None, False):
+            raise UsageError(f"--{flag.replace('_', '-')} does not apply to a {RG_PREFIX} task (it is scored by "
+                             "its own score_answer and evaluated on items of disjoint seeds)")
+    from ludic_fast.agents.libraries.reasoning_gym import reasoning_gym_task
+
+    try:
+        return reasoning_gym_task(args.task[len(RG_PREFIX):], **{k: env_train._typed(v) for k, v in args.task_arg})
+    except (ImportError, TypeError, ValueError) as exc:
+        raise UsageError(f"--task {args.task}: {exc}") from None
 
 
 def describe_eval(args: argparse.Namespace, task: PromptAnswerTask) -> str:
@@ -479,6 +505,8 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[Any, PromptAnswerTa
     check_device(args.device)
     if args.env and args.max_seq_len is None:  # an episode is trained whole (the profile's default is a task's)
         args.max_seq_len = args.max_episode_tokens
+    if args.task.startswith(RG_PREFIX) and args.max_seq_len is None:  # its prompts are longer than the demo's
+        args.max_seq_len = 1024
     apply_recipe(args)
     check_args(args)
     if args.env:

@@ -218,7 +218,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--reward: {exc}") from None
     for attr in ("task", "eval_task", "sft_data", "pref_data"):
         value = getattr(args, attr, None)
-        if value is not None and not (attr == "task" and value == "embedded"):
+        if value is not None and not (attr == "task" and (value == "embedded" or value.startswith("reasoning_gym:"))):
             check_file(value, _flag(attr))
     check_sampler(args)
     if getattr(args, "lora_r", 0) > 0:
