@@ -29,7 +29,7 @@ import torch
 
 from ludic_fast import algorithm as presets
 from ludic_fast.agents import EpisodeJob, EpisodeLimits, EpisodeRunner, episode_items
-from ludic_fast.agents.embedded_envs import EMBEDDED_ENVS
+from ludic_fast.agents.env_registry import ENVS
 from ludic_fast.agents.episode import ChatTokens, demonstration_tokens
 from ludic_fast.agents.tools import as_tools
 from ludic_fast.data.credit import EpisodicReturn
@@ -42,7 +42,7 @@ from ludic_fast.trainer import Trainer, TrainerConfig
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="embedded-guess", choices=sorted(EMBEDDED_ENVS))
+    p.add_argument("--env", default="embedded-guess", choices=ENVS.names())
     p.add_argument("--engine", default="hf", choices=["hf", "vllm"])
     p.add_argument("--episodes", type=int, default=128)
     p.add_argument("--max-new-tokens", type=int, default=4)
@@ -83,7 +83,7 @@ def warm_up(model, tok, env_name: str, steps: int) -> None:
     """SFT on the environment's demonstrations, so episodes run several turns."""
     if steps == 0:
         return
-    env = EMBEDDED_ENVS[env_name]()
+    env = ENVS[env_name].factory()
     tools = [t.schema for t in as_tools(getattr(env, "tools", None)).values()] or None
     chat = ChatTokens(tok, [tok.eos_token_id], tools=tools)
     items = []
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         engine = HFGenerateEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     runner = EpisodeRunner(engine, tok, sampling=sampling, limits=limits)
-    env_cls = EMBEDDED_ENVS[args.env]
+    env_cls = ENVS[args.env].factory
 
     def play(seed: int):
         jobs = [EpisodeJob(env_cls(), seed * 100_000 + i, {"group_id": str(i)}) for i in range(args.episodes)]

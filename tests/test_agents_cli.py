@@ -84,7 +84,9 @@ def test_env_flags_are_scoped(capsys, tmp_path):
     assert "--max-turns needs --env" in one_line_error(capsys, ["train", "--max-turns", "2"])
     assert "--reward applies to a prompt/answer --task" in one_line_error(
         capsys, ["train", "--env", "embedded-guess", "--reward", "numeric"])
-    assert "--env 'nosuchmodule:fn'" in one_line_error(capsys, ["train", "--env", "nosuchmodule:fn"])
+    assert "--env: env 'nosuchmodule:fn': cannot import" in one_line_error(
+        capsys, ["train", "--env", "nosuchmodule:fn"])
+    assert "--env: env must be one of embedded-guess, embedded-calc" in one_line_error(capsys, ["train", "--env", "x"])
     assert "the weight 'x' is not a number" in one_line_error(
         capsys, ["train", "--env", "embedded-guess", "--env-reward", f"{__name__}:short_answer=x"])
     assert "--env embedded-guess with --env-arg" in one_line_error(

@@ -143,7 +143,4 @@ class CalculatorEnv:
         return _demonstrations(self, n, seed)
 
 
-#: the embedded environments by CLI name
-EMBEDDED_ENVS = {"embedded-guess": GuessNumberEnv, "embedded-calc": CalculatorEnv}
-
-__all__ = ["GuessNumberEnv", "CalculatorEnv", "calc", "EMBEDDED_ENVS"]
+__all__ = ["GuessNumberEnv", "CalculatorEnv", "calc"]

@@ -13,19 +13,19 @@ writes a sample of whole episodes to <output-dir>/episodes.jsonl (--episode-log 
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ludic_fast.agents import EnvBatchSource, EpisodeLimits, EpisodeRunner, WeightedRewards
-from ludic_fast.agents.embedded_envs import EMBEDDED_ENVS
+from ludic_fast.agents.env_registry import ENVS
 from ludic_fast.agents.episode import ChatTokens, demonstration_tokens
 from ludic_fast.agents.items import PER
 from ludic_fast.agents.source import EnvEvaluator
 from ludic_fast.agents.tools import as_tools
 from ludic_fast.cli.validation import UsageError
 from ludic_fast.data.types import SAWItem
+from ludic_fast.registry import load_attr
 from ludic_fast.rollout.engine import SamplingConfig
 
 #: flags that only mean something with --env
@@ -49,7 +49,7 @@ def _key_value(text: str) -> tuple[str, str]:
 def add_env_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("environments (multi-turn episodes with tools; docs/agents.md)")
     g.add_argument("--env", default=None,
-                   help=f"train on episodes of an environment: {' | '.join(EMBEDDED_ENVS)} | module:function")
+                   help=f"train on episodes of an environment: {' | '.join(ENVS.names())} | module:function")
     g.add_argument("--env-arg", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="keyword for the environment factory (repeatable; VALUE read as int/float when it parses)")
     g.add_argument("--env-reward", action="append", default=[], metavar="MODULE:FUNCTION[=WEIGHT]",
@@ -66,19 +66,6 @@ def add_env_arguments(p: argparse.ArgumentParser) -> None:
                    help="SFT warm-up conversations from the environment's demonstrations(n, seed)")
 
 
-def _resolve(spec: str, flag: str) -> Callable[..., Any]:
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise UsageError(f"{flag} {spec!r}: expected module:function")
-    try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"{flag} {spec!r}: {type(exc).__name__}: {exc}") from None
-    if not callable(obj):
-        raise UsageError(f"{flag} {spec!r} is not callable")
-    return obj
-
-
 def _typed(value: str) -> Any:
     for cast in (int, float):
         try:
@@ -90,7 +77,10 @@ def _typed(value: str) -> Any:
 
 def env_factory(args: argparse.Namespace) -> Callable[[], Any]:
     """The --env factory with the --env-arg keywords bound; one environment is built to check it (UsageError)."""
-    factory = EMBEDDED_ENVS.get(args.env) or _resolve(args.env, "--env")
+    try:
+        factory = ENVS.resolve(args.env).factory
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--env: {exc}") from None
     kwargs = {k: _typed(v) for k, v in args.env_arg}
 
     def make() -> Any:
@@ -118,7 +108,11 @@ def env_rewards(args: argparse.Namespace) -> WeightedRewards | None:
             w = float(weight) if weight else 1.0
         except ValueError:
             raise UsageError(f"--env-reward {spec!r}: the weight {weight!r} is not a number") from None
-        terms.append((path.rpartition(":")[2], _resolve(path, "--env-reward"), w))
+        try:
+            fn = load_attr(path, "--env-reward")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        terms.append((path.rpartition(":")[2], fn, w))
     try:
         return WeightedRewards(terms) if terms else None
     except (TypeError, ValueError) as exc:
