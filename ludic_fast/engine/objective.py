@@ -17,13 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from ludic_fast.engine.config import EngineConfig
 from ludic_fast.integrations.transformers import LMHead
+
+#: what a head function returns (a loss and its stats, log-probs, ...)
+T = TypeVar("T")
 
 
 @dataclass
@@ -62,15 +65,15 @@ class EngineView(Protocol):
     optimizer: torch.optim.Optimizer
     data_parallel: bool
 
-    def head_loss(self, batch: Mapping[str, Tensor], fn: Callable[[LMHead, Tensor], Any], *,
-                  fp32_head: bool = False) -> Any:
+    def head_loss(self, batch: Mapping[str, Tensor], fn: Callable[[LMHead, Tensor], T], *,
+                  fp32_head: bool = False) -> T:
         """fn(head, hidden) on the policy's final hidden states of `batch`, inside the model's forward (so
         DDP / FSDP / PEFT wrappers do their work), the head's inputs in the compute precision (float32 with
         `fp32_head`)."""
         ...
 
-    def frozen_head(self, model: nn.Module, batch: Mapping[str, Tensor], fn: Callable[[LMHead, Tensor], Any], *,
-                    fp32_head: bool = False) -> Any:
+    def frozen_head(self, model: nn.Module, batch: Mapping[str, Tensor], fn: Callable[[LMHead, Tensor], T], *,
+                    fp32_head: bool = False) -> T:
         """fn(head, hidden) on the final hidden states of frozen `model`, without gradients."""
         ...
 

@@ -46,7 +46,7 @@ from ludic_fast.engine import model_setup
 from ludic_fast.engine.config import MIXED_PRECISION, EngineConfig
 from ludic_fast.engine.guard import diverged_loss
 from ludic_fast.engine.memory_estimate import estimate_peak_memory
-from ludic_fast.engine.objective import MicroBatch, Objective
+from ludic_fast.engine.objective import MicroBatch, Objective, T
 from ludic_fast.engine.publisher import PolicyPublisher, policy_params
 from ludic_fast.engine.schedule import lr_lambda
 from ludic_fast.engine.stop import StopOnSignal
@@ -175,17 +175,17 @@ class Engine:
         bias = None if head.bias is None else head.bias.to(dt)
         return dataclasses.replace(head, weight=head.weight.to(dt), bias=bias), hidden.to(dt)
 
-    def head_loss(self, batch: Mapping[str, Tensor], fn: Callable[[LMHead, Tensor], Any], *,
-                  fp32_head: bool = False) -> Any:
+    def head_loss(self, batch: Mapping[str, Tensor], fn: Callable[[LMHead, Tensor], T], *,
+                  fp32_head: bool = False) -> T:
         """fn(head, hidden) on the policy's final hidden states, run inside the model's forward (so DDP / FSDP
         / PEFT wrappers do their work), head inputs in the compute precision, outside autocast."""
 
-        def head_fn(head: LMHead, hidden: Tensor) -> Any:
+        def head_fn(head: LMHead, hidden: Tensor) -> T:
             head, hidden = self._head_inputs(head, hidden, fp32_head)
             with torch.autocast(self.device.type, enabled=False):
                 return fn(head, hidden)
 
-        def run(lm: nn.Module, **inputs: Tensor) -> Any:
+        def run(lm: nn.Module, **inputs: Tensor) -> T:
             return call_head(lm, head_fn, final_hidden_states(lm, **inputs), fp32_head=fp32_head)
 
         with self._autocast():
@@ -196,13 +196,13 @@ class Engine:
         return self.objective.loss(self, batch)
 
     @torch.no_grad()
-    def frozen_head(self, model: nn.Module, batch: Mapping[str, Tensor], fn: Callable[[LMHead, Tensor], Any], *,
-                    fp32_head: bool = False) -> Any:
+    def frozen_head(self, model: nn.Module, batch: Mapping[str, Tensor], fn: Callable[[LMHead, Tensor], T], *,
+                    fp32_head: bool = False) -> T:
         """fn(head, hidden) of a frozen model (reference, teacher), without gradients, as `head_loss`."""
         with self._autocast():
             hidden = final_hidden_states(model, **self._model_inputs(batch, model))
 
-        def head_fn(head: LMHead, h: Tensor) -> Any:
+        def head_fn(head: LMHead, h: Tensor) -> T:
             head, h = self._head_inputs(head, h, fp32_head)
             return fn(head, h)
 
