@@ -2,7 +2,9 @@
 #   make demo   runs the main job on the embedded default (CPU, no download)
 #   make test   runs the whole test suite (unit tests, then Triton-interpreter tests in their own process, then
 #               the verl integration tests in .venv-verl, where verl 0.9.1 is installed with its own pins, then
-#               the vLLM tests in .venv-vllm, on vLLM's CPU build with its own pins)
+#               the vLLM tests in .venv-vllm, on vLLM's CPU build with its own pins, then the kernel compile test
+#               and the interpreter suite again in .venv-triton36, on triton 3.6.0, the GPU image's Triton and
+#               the declared floor: a kernel that spills or fails there fails make test)
 #   make test-pretend-cuda   the unit and interpreter suites as if this machine had one CUDA device
 #               (LUDIC_FAST_PRETEND_CUDA=1, tests/conftest.py; gpu tests deselected): a device default that leaks
 #               into a CPU test fails here ("Torch not compiled with CUDA enabled"); not part of make test
@@ -25,6 +27,10 @@ VERL_STAMP := $(VERL_VENV)/.installed-stamp
 VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+TRITON36_VENV  ?= .venv-triton36
+TRITON36_PY    := $(TRITON36_VENV)/bin/python
+TRITON36_STAMP := $(TRITON36_VENV)/.installed-stamp
 
 OLDEST_VENV  ?= .venv-oldest
 OLDEST_PY    := $(OLDEST_VENV)/bin/python
@@ -67,6 +73,15 @@ $(VLLM_STAMP): pyproject.toml setup.py
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+# triton 3.6.0 (the GPU image's, the floor) with torch and numpy, and only what the kernel compile test and the
+# interpreter suite import: the project itself without its other dependencies
+$(TRITON36_STAMP): pyproject.toml setup.py
+	test -x $(TRITON36_PY) || python3 -m venv $(TRITON36_VENV)
+	$(TRITON36_PY) -m pip install -q --upgrade pip
+	$(TRITON36_PY) -m pip install -q torch==2.13.0 triton==3.6.0 numpy==2.0.2 pytest pytest-timeout hypothesis
+	$(TRITON36_PY) -m pip install -q --no-deps -e .
+	touch $(TRITON36_STAMP)
+
 # every extra the tests exercise, each package at the version tests/constraints-oldest.txt pins
 $(OLDEST_STAMP): pyproject.toml setup.py tests/constraints-oldest.txt
 	test -x $(OLDEST_PY) || python3 -m venv $(OLDEST_VENV)
@@ -86,11 +101,13 @@ $(NEWEST_STAMP): pyproject.toml setup.py
 demo: $(STAMP)
 	$(VENV)/bin/ludic-fast demo
 
-test: $(STAMP) $(VERL_STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VERL_STAMP) $(VLLM_STAMP) $(TRITON36_STAMP)
 	$(PY) -m pytest -q -rfEs tests --ignore=tests/interpret
 	if [ -d tests/interpret ]; then TRITON_INTERPRET=1 $(PY) -m pytest -q -rfEs tests/interpret; fi
 	LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q -rfEs tests/test_integration_verl.py
 	LUDIC_FAST_REQUIRE_VLLM=$$(test -e $(VLLM_VENV)/no-vllm && echo 0 || echo 1) $(VLLM_PY) -m pytest -q -rfEs tests/test_vllm*.py
+	$(TRITON36_PY) -m pytest -q -rfEs tests/test_kernel_compile.py
+	TRITON_INTERPRET=1 $(TRITON36_PY) -m pytest -q -rfEs tests/interpret
 
 test-pretend-cuda: $(STAMP)
 	LUDIC_FAST_PRETEND_CUDA=1 $(PY) -m pytest -q tests --ignore=tests/interpret
@@ -134,4 +151,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) $(OLDEST_VENV) $(NEWEST_VENV) build *.egg-info
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) $(TRITON36_VENV) $(OLDEST_VENV) $(NEWEST_VENV) build *.egg-info

@@ -78,24 +78,28 @@ def finite_or_zero(m):
 
 
 @triton.jit
-def online_stats_update(z, cols, col_ok, tgt, m, tail, t, zy, ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
+def online_stats_update(z, cols, col_ok, tgt, m, tail, t, zy, ENTROPY: tl.constexpr):
     """Fold a [BM, BN] tile of final logits (columns `cols`) into the per-row online
     statistics and return them: m = max z, tail, t (ENTROPY only; see the module docstring), zy += z at the
-    target column. Columns with col_ok False are -inf (padded vocabulary); z must be finite there."""
+    target column. Columns with col_ok False are -inf (padded vocabulary); z must be finite there.
+    When the maximum moves into the tile, its columns are found by value (z - m' == 0 exactly, as fp32
+    subtraction of distinct numbers is never 0) rather than by index, which keeps no per-column index live:
+    they are left out of the sum and k tied columns add exactly k - 1 to the tail."""
     pad = tl.where(col_ok, 0.0, float("-inf"))[None, :]
     zy += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
-    tile_max, arg = tl.max(z + pad, axis=1, return_indices=True)
-    new = tile_max > m  # the row maximum moves into this tile, to its column `arg`
+    tile_max = tl.max(z + pad, axis=1)
+    new = tile_max > m  # the row maximum moves into this tile
     m_new = tl.where(new, tile_max, m)
     shift = finite_or_zero(m_new)
     rel = tl.maximum(z + pad - shift[:, None], REL_LOGIT_FLOOR)
-    own = new[:, None] & (tl.arange(0, BLOCK)[None, :] == arg[:, None])  # the maximum's own e^0 = 1
+    own = new[:, None] & (rel == 0.0)  # the new maximum's columns: e^0 = 1 each
     e = tl.where(own, 0.0, tl.exp(rel))
     keep = tl.exp(m - shift)
     if ENTROPY:
         moved = tl.where(m == float("-inf"), 0.0, (1.0 + tail) * (m - shift))
         t = (t + moved) * keep + tl.sum(e * rel, axis=1)
-    tail = tl.where(new, 1.0 + tail, tail) * keep + tl.sum(e, axis=1)
+    ties = (tl.sum(own.to(tl.int32), axis=1) - new.to(tl.int32)).to(tl.float32)  # k tied new maxima: k - 1
+    tail = tl.where(new, 1.0 + tail, tail) * keep + (tl.sum(e, axis=1) + ties)
     return m_new, tail, t, zy
 
 

@@ -123,7 +123,7 @@ def head_fwd_kernel(
         if HAS_BIAS:
             raw += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         z, _th = final_logits(raw, inv_t, SCALE, HAS_SOFTCAP, SOFTCAP)
-        m, tail, t, zy = online_stats_update(z, cols, col_ok, tgt, m, tail, t, zy, ENTROPY, BLOCK_N)
+        m, tail, t, zy = online_stats_update(z, cols, col_ok, tgt, m, tail, t, zy, ENTROPY)
     out = part_ptr + pid_s.to(tl.int64) * N + rows
     plane = n_splits.to(tl.int64) * N
     tl.store(out, m, mask=row_ok)

@@ -28,7 +28,7 @@ CONFIGS = {
     (2, 90): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4},
     (2, 80): {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 4},
     (4, 90): {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 3},
-    (4, 80): {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 16, "num_warps": 8, "num_stages": 3},
+    (4, 80): {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 16, "num_warps": 8, "num_stages": 2},
 }
 
 

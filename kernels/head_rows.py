@@ -71,7 +71,7 @@ def head_rows_kernel(
             col_ok = cols < n_cols
             z, _th, ok = _final_tile(ws_row, b_ptr, cols, col_start, col_ok, row_ok, inv_t,
                                      HAS_BIAS, SCALE, HAS_SOFTCAP, SOFTCAP)
-            m, tail, t, zy = online_stats_update(z, cols, col_ok, tgt, m, tail, t, zy, ENTROPY, BLOCK_V)
+            m, tail, t, zy = online_stats_update(z, cols, col_ok, tgt, m, tail, t, zy, ENTROPY)
         lse, elp, ent = finish_stats(m, tail, t)
         if not ENTROPY:
             elp = tl.zeros_like(lse)
