@@ -80,3 +80,38 @@ def _worker(rank: int, world: int) -> None:
 
 def test_two_ranks_agree():
     run_local_group(_worker, 2, start_method="fork")
+
+
+def _guard_worker(rank: int, world: int) -> None:
+    """DPO under DDP where only rank 1's loss is NaN: both ranks skip the step and both give up at it."""
+    from ludic_fast.data.preference_data import embedded_rows, encode_rows
+    from ludic_fast.engine.config import TrainerConfig
+    from ludic_fast.engine.guard import NonFiniteError
+    from ludic_fast.engine.trainer import Trainer
+    from ludic_fast.losses import DPOLoss
+    from ludic_fast.objectives.preference import PreferenceObjective
+
+    class NaNOnRank1(PreferenceObjective):
+        def loss(self, engine, batch):
+            loss, stats = super().loss(engine, batch)
+            return (loss * float("nan") if rank == 1 else loss), stats
+
+    torch.set_num_threads(1)
+    tok = build_char_tokenizer()
+    pairs = encode_rows(embedded_rows("pairs", 4), "pairs", tok, chat_template=False)
+    model = wrap_model(build_tiny_model(len(tok), seed=0, **SMALL), "ddp", "cpu")
+    objective = NaNOnRank1(DPOLoss(), build_tiny_model(len(tok), seed=1, **SMALL))
+    objective.use_examples(pairs, batch_size=4).shard(rank, world)
+    cfg = TrainerConfig(model_device="cpu", pad_token_id=tok.pad_token_id, max_seq_len=32, micro_token_budget=64,
+                        sync_every_steps=0, max_nonfinite_steps=2)
+    trainer = Trainer(model=model, objective=objective, cfg=cfg)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer.train_step_sync()
+    assert trainer.skipped_steps == 1 and trainer.nonfinite_in_row == 1, rank
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(NonFiniteError, match="step 2"):
+        trainer.train_step_sync()
+
+
+def test_the_non_finite_guard_acts_on_every_rank_at_the_same_step():
+    run_local_group(_guard_worker, 2, start_method="fork")

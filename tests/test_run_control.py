@@ -185,10 +185,17 @@ def test_run_cut_in_the_sft_phase_resumes_to_the_files_of_the_uninterrupted_run(
         del s["wall_time_s"], s["metrics"]
     assert summaries[0] == summaries[1]
 
-def test_torchrun_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
-    """Under torchrun every rank would train the whole run alone (before: it did, silently)."""
+
+def test_torchrun_without_parallel_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """Under torchrun without --parallel every rank would train the whole run alone (before: it did, silently);
+    --parallel outside torchrun has no ranks to join."""
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
     assert train_cli.main(["train", *FAST, "--output-dir", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and err.startswith("ludic-fast train: error: ludic-fast train runs one process (WORLD_SIZE")
+    assert "\n" not in err and err.startswith("ludic-fast train: error: under torchrun (WORLD_SIZE=2) pass --parallel")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert train_cli.main(["train", *FAST, "--parallel", "ddp", "--output-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--parallel needs a torchrun launch" in err
     assert not (tmp_path / "x").exists()

@@ -61,8 +61,8 @@ def _save_worker(rank: int, world: int, mode: str, out: str) -> None:
     wrapped = wrap_model(model, mode, "cpu")
     opt = _train_once(wrapped, head)
     torch.manual_seed(100 + rank)
-    mgr = ShardedCheckpointManager(CheckpointConfig(out))
-    mgr.save(wrapped, opt, step=3, metadata={"data": [1, 2]}, extra=list(head.parameters()),
+    mgr = ShardedCheckpointManager(CheckpointConfig(out), extra=list(head.parameters()))
+    mgr.save(wrapped, opt, step=3, metadata={"data": [1, 2]},
              tensors={"rng.torch_cpu": torch.get_rng_state(), "ref.w": torch.ones(2)})
     torch.save(_flat_state(model, head, opt), f"{out}/expected_rank{rank}.pt")
 
@@ -72,7 +72,7 @@ def _load_worker(rank: int, world: int, mode: str, out: str) -> None:
     model, head = _setup(seed=5)
     wrapped = wrap_model(model, mode, "cpu")
     opt = _train_once(wrapped, head)  # states exist, then are overwritten
-    state = ShardedCheckpointManager(CheckpointConfig(out)).load(wrapped, opt, extra=list(head.parameters()))
+    state = ShardedCheckpointManager(CheckpointConfig(out), extra=list(head.parameters())).load(wrapped, opt)
     assert state["step"] == 3 and state["data"] == [1, 2]
     expected = torch.load(f"{out}/expected.pt")
     got = _flat_state(model, head, opt)
@@ -93,7 +93,7 @@ def test_two_ranks_save_one_process_loads(tmp_path, mode):
     assert {"rng_rank0.safetensors", "rng_rank1.safetensors", "tensors.safetensors"} <= {p.name for p in ckpt.iterdir()}
     model, head = _setup(seed=5)
     opt = _train_once(model, head)
-    state = ShardedCheckpointManager(CheckpointConfig(str(tmp_path))).load(model, opt, extra=list(head.parameters()))
+    state = ShardedCheckpointManager(CheckpointConfig(str(tmp_path)), extra=list(head.parameters())).load(model, opt)
     assert state["step"] == 3 and state["data"] == [1, 2]
     torch.testing.assert_close(state["tensors"]["ref.w"], torch.ones(2))
     torch.manual_seed(100)
@@ -106,8 +106,8 @@ def test_two_ranks_save_one_process_loads(tmp_path, mode):
 def test_one_process_save_two_fsdp2_ranks_load(tmp_path):
     model, head = _setup(seed=0)
     opt = _train_once(model, head)
-    ShardedCheckpointManager(CheckpointConfig(str(tmp_path))).save(
-        model, opt, step=3, metadata={"data": [1, 2]}, extra=list(head.parameters()))
+    ShardedCheckpointManager(CheckpointConfig(str(tmp_path)), extra=list(head.parameters())).save(
+        model, opt, step=3, metadata={"data": [1, 2]})
     torch.save(_flat_state(model, head, opt), tmp_path / "expected.pt")
     run_local_group(_load_worker, 2, "fsdp2", str(tmp_path), start_method="fork")
 

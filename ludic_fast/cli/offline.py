@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ludic_fast.cli import run_setup
+from ludic_fast.cli import parallel, run_setup
 from ludic_fast.cli.preset_builders import BuildInputs, preference_loss
 from ludic_fast.cli.presets import PRESETS, preset_names
 from ludic_fast.cli.recipe import apply_recipe
@@ -47,6 +47,7 @@ from ludic_fast.objectives.reward import RewardObjective
 from ludic_fast.rollout import resolve_chat_template
 from ludic_fast.run.checkpoint import CheckpointManager
 from ludic_fast.run.loggers import JSONLLogger, TeeLogger, WandbLogger, keep_jsonl_records, plot_curves, read_jsonl
+from ludic_fast.run.sharded_checkpoint import export_hf
 
 #: the offline presets and, by name, their data format, preference loss class, headline metric and unit of data
 OFFLINE_PRESETS = preset_names(offline=True)
@@ -137,14 +138,16 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
         print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)
         return 2
     preset = PRESETS[args.preset]
-    record_run(out, parser, args, argv, trainer_configs={args.preset: engine_config(args, tok)},
-               objective=_loss(args) if preset.loss else {f: getattr(args, f) for f in preset.flags})
+    main_rank = parallel.is_main(args)  # rank 0 writes the run directory
+    if main_rank:
+        record_run(out, parser, args, argv, trainer_configs={args.preset: engine_config(args, tok)},
+                   objective=_loss(args) if preset.loss else {f: getattr(args, f) for f in preset.flags})
     metrics = out / "metrics.jsonl"
     ckpt = run_setup.checkpoint_config(args, args.preset)
     resume = resume_step is not None
-    if resume:  # the records of steps after the checkpoint are trained again
+    if main_rank and resume:  # the records of steps after the checkpoint are trained again
         keep_jsonl_records(metrics, lambda r: r["step"] <= resume_step)
-    else:
+    elif main_rank:
         metrics.unlink(missing_ok=True)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -153,36 +156,44 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
     model.to(args.device)
     objective = PRESETS[args.preset].build(args, BuildInputs(model, tok, examples))
     objective.use_examples(examples, batch_size=args.pref_batch_size, seed=args.seed)
-    print(f"ludic-fast {command}: {args.offline_steps} steps of {args.preset} on {len(examples)} "
-          f"{UNIT[FORMAT[args.preset]]} ({args.pref_data or 'embedded'}); output {out}", flush=True)
-    console = run_setup.build_console_logger(args.logger)
-    wandb = WandbLogger(config=vars(args)) if args.wandb else None
-    logger = TeeLogger(JSONLLogger(metrics, extra={"phase": args.preset}), console, wandb)
+    objective.shard(getattr(args, "rank", 0), getattr(args, "world_size", 1))
+    model = parallel.wrap(args, model, find_unused_parameters=args.preset == "reward")  # reward skips the LM head
+    if main_rank:
+        print(f"ludic-fast {command}: {args.offline_steps} steps of {args.preset} on {len(examples)} "
+              f"{UNIT[FORMAT[args.preset]]} ({args.pref_data or 'embedded'}); output {out}", flush=True)
+    console = run_setup.build_console_logger(args.logger if main_rank else "none")
+    wandb = WandbLogger(config=vars(args)) if args.wandb and main_rank else None
+    logger = TeeLogger(JSONLLogger(metrics, extra={"phase": args.preset}), console, wandb) if main_rank else None
     error = None
     try:
         trainer = Engine(model=model, objective=objective, cfg=engine_config(args, tok), checkpoint_config=ckpt,
                          resume_from="latest" if resume else None, train_logger=logger,
                          lora_config=run_setup.lora_config(args))
-        print(f"{args.preset}: {trainer.memory_estimate.format()}", flush=True)
-        if resume:
+        if main_rank:
+            print(f"{args.preset}: {trainer.memory_estimate.format()}", flush=True)
+        if resume and main_rank:
             print(f"ludic-fast {command}: resumed at step {trainer.step_idx}", flush=True)
         trainer.train_sync(max(0, args.offline_steps - trainer.step_idx), stop=stop)
     except NonFiniteError as exc:
         error = exc
     finally:
         run_setup.close_loggers(console, wandb)
-    records = read_jsonl(metrics) if metrics.exists() else []
+    stopped = stop.requested  # read once here by every rank (under --parallel a collective)
     if error is not None:
-        print(f"ludic-fast {command}: error: {error} (kept: {metrics}, earlier checkpoints)", file=sys.stderr)
+        if main_rank:
+            print(f"ludic-fast {command}: error: {error} (kept: {metrics}, earlier checkpoints)", file=sys.stderr)
         return 1
-    save_trained(out / "model", trainer.model, tok, objective)
+    save_trained(out / "model", trainer.model, tok, objective, parallel=getattr(args, "parallel", None) is not None)
+    if not main_rank:
+        return stop.exit_code if stopped else 0
+    records = read_jsonl(metrics) if metrics.exists() else []
     summary = summarize(records, METRIC[args.preset])
     summary.update(wall_time_s=time.perf_counter() - t0, skipped_steps=trainer.skipped_steps)
     if not args.no_plot and importlib.util.find_spec("matplotlib") is not None:
         summary["png"] = str(plot_curves(records, out / "curves.png", reward_key=METRIC[args.preset],
                                          title=f"ludic-fast train: {args.preset}", no_reward_phases=()))
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    if stop.requested:
+    if stopped:
         saved = ["metrics.jsonl", "summary.json", "model/"] + (["curves.png"] if "png" in summary else [])
         ckpt_dir = None if args.checkpoint_every <= 0 else CheckpointManager(ckpt).resolve()
         line = run_setup.stopped_line(command, stop, args.preset, trainer.step_idx, ckpt_dir, saved)
@@ -198,16 +209,21 @@ def engine_config(args: argparse.Namespace, tok: Any) -> EngineConfig:
     return run_setup.trainer_config(args, tok, lr=args.lr, steps=args.offline_steps, sync=0)
 
 
-def save_trained(path: Path, model: torch.nn.Module, tok: Any, objective: Any) -> None:
+def save_trained(path: Path, model: torch.nn.Module, tok: Any, objective: Any, *, parallel: bool = False) -> None:
     """The trained model and tokenizer (`save_pretrained`, safetensors; under LoRA the adapter alone,
     adapter_model.safetensors + adapter_config.json); for reward also the value head
-    (`value_head.safetensors`: weight [1, D], bias [1])."""
+    (`value_head.safetensors`: weight [1, D], bias [1]). parallel: the model is DDP / FSDP2 on every rank, which
+    all call this (`run.sharded_checkpoint.export_hf` gathers it); rank 0 writes."""
     from safetensors.torch import save_file
 
     if not torch.cuda.is_available():  # accelerate's unwrap imports DeepSpeed when installed: name its accelerator,
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else its probe warns "Setting accelerator to CPU"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
+    if parallel:
+        if export_hf(model, path, tok) is None:
+            return
+    else:
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
     if isinstance(objective, RewardObjective):
         head = objective.value_head
         save_file({"weight": head.weight.detach().contiguous(), "bias": head.bias.detach().contiguous()},

@@ -70,7 +70,7 @@ TRAINER_FLAGS = ("config", "model", "tokenizer", "chat_template", "device", "see
                  "weight_decay", "lr_scheduler", "warmup_steps", "max_grad_norm", "max_seq_len", "micro_token_budget",
                  "gradient_checkpointing", "memory_budget", "lora_r", "output_dir", "checkpoint_every",
                  "max_to_keep", "resume", "logger", "wandb", "no_plot", "profile", "dtype", "attn", "layout",
-                 "body_kernels", "compile_body")
+                 "body_kernels", "compile_body", "parallel")
 #: flags of the RL presets: the task, rewards, the SFT warm-up, rollouts and their sampler, evaluation
 RL_FLAGS = ("task", "task_arg", "eval_task", "eval_holdout", "eval_on_train", "reward", "reward_weights", "sft_steps",
             "sft_batch_size", "sft_lr", "sft_data", "rl_steps", "prompts_per_batch", "group_size", "temperature",

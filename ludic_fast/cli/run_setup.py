@@ -5,7 +5,6 @@ the default output directory, the `--resume` check and the line a run stopped by
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -19,15 +18,6 @@ from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager
 from ludic_fast.run.loggers import PrintLogger, RichLiveLogger
 from ludic_fast.trainer import TrainerConfig
-
-
-def check_single_process() -> None:
-    """`ludic-fast train` runs one process: under torchrun (WORLD_SIZE > 1) every rank would train the whole run
-    on its own, so it is refused (data-parallel training: wrap the model in DDP / FSDP2 and run `Trainer`)."""
-    world = os.environ.get("WORLD_SIZE", "1")
-    if world.isdigit() and int(world) > 1:
-        raise UsageError(f"ludic-fast train runs one process (WORLD_SIZE={world}): for DDP / FSDP2 wrap the model "
-                         "and run ludic_fast.trainer.Trainer on each rank (docs/trainer.md)")
 
 
 def build_tokenizer(args: argparse.Namespace) -> Any:
@@ -132,6 +122,7 @@ def trainer_config(args: argparse.Namespace, tok: Any, *, lr: float, steps: int,
         gradient_checkpointing=args.gradient_checkpointing,
         memory_budget=args.memory_budget,
         max_lag=args.max_lag,
+        reduce_stats_across_ranks=getattr(args, "parallel", None) is not None,
         **recipe_trainer_kwargs(args),
     )
 
@@ -177,7 +168,6 @@ def stopped_line(command: str, stop: StopOnSignal, phase: str, step: int, checkp
 
 
 __all__ = [
-    "check_single_process",
     "build_tokenizer",
     "build_model_and_tokenizer",
     "build_console_logger",

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from ludic_fast import algorithm as presets
-from ludic_fast.cli import env_train
+from ludic_fast.cli import env_train, parallel
 from ludic_fast.cli.offline import add_arguments as add_offline_arguments
 from ludic_fast.cli.offline import main as offline_main
 from ludic_fast.cli.preset_builders import BuildInputs
@@ -54,7 +54,6 @@ from ludic_fast.cli.run_setup import (
     build_model_and_tokenizer,
     build_tokenizer,
     check_resume,
-    check_single_process,
     checkpoint_config,
     close_loggers,
     default_output_dir,
@@ -72,6 +71,7 @@ from ludic_fast.cli.validation import (
     check_task_tokens,
     comma_numbers,
 )
+from ludic_fast.distributed.launch import AgreedStop, EngineVersion, RankShareSource, unwrap
 from ludic_fast.engine.guard import NonFiniteError
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.ops.budget import parse_memory_budget
@@ -96,6 +96,7 @@ from ludic_fast.run.loggers import (
     plot_curves,
     read_jsonl,
 )
+from ludic_fast.run.sharded_checkpoint import export_hf
 from ludic_fast.run.stats import default_reducers
 from ludic_fast.run.warnings import LearningSignalMonitor, console_notifier
 from ludic_fast.trainer import Trainer
@@ -207,6 +208,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     env_train.add_env_arguments(p)
     add_recipe_arguments(p)
     add_offline_arguments(p)
+    parallel.add_arguments(p)
     return p
 
 
@@ -283,7 +285,7 @@ def build_engine(args: argparse.Namespace, model: torch.nn.Module, tok: Any) -> 
     """The rollout sampler of --sampler (`rollout.sampler.SAMPLERS`): transformers `generate` on the trainer's
     model, vLLM (in this process, or its server: started here, or --vllm-url's) serving --model (the embedded
     model: a copy saved under --output-dir) in --dtype with the --vllm-arg engine arguments, or a user's."""
-    settings = SamplerSettings(model=model, tokenizer=tok, seed=args.seed, dtype=VLLM_DTYPES[args.dtype],
+    settings = SamplerSettings(model=unwrap(model), tokenizer=tok, seed=args.seed, dtype=VLLM_DTYPES[args.dtype],
                                model_path=lambda: vllm_model_dir(args, tok), tokenizer_path=args.tokenizer,
                                options=dict(args.vllm_arg), url=args.vllm_url)
     return SAMPLERS.resolve(args.engine).build(settings)
@@ -363,14 +365,17 @@ def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: Pr
     """SFT warm-up on --sft-data, else on the task's training answers in the rollouts' prompt format; returns
     the model (stopped early when `stop` is requested)."""
     if args.sft_data:
-        source = OfflineBatchSource.from_chat_jsonl(args.sft_data, tok, batch_size=args.sft_batch_size, seed=args.seed)
+        source = OfflineBatchSource.from_chat_jsonl(args.sft_data, tok, batch_size=args.sft_batch_size, seed=args.seed,
+                                                    rank=0, world_size=1)
     else:
         if args.env:
             items = env_train.demonstration_items(args, tok, env_train.env_factory(args))
         else:
             chat = resolve_chat_template(tok, args.chat_template)
             items = [sft_item(tok, s["prompt"], s["answer"], chat_template=chat) for s in task.samples]
-        source = OfflineBatchSource(items, batch_size=args.sft_batch_size, seed=args.seed)
+        source = OfflineBatchSource(items, batch_size=args.sft_batch_size, seed=args.seed, rank=0, world_size=1)
+    if getattr(args, "world_size", 1) > 1:  # the global batches, this rank's share of each
+        source = RankShareSource(source, args.rank, args.world_size)
     ckpt = checkpoint_config(args, "sft")
     resume = args.resume and ckpt is not None and CheckpointManager(ckpt).resolve() is not None
     trainer = Trainer(
@@ -412,6 +417,9 @@ def build_rollout_source(args: argparse.Namespace, engine: Any, tok: Any, task: 
         tie_jitter=args.tie_jitter,
         curriculum=algo.curriculum,
         chat_template=args.chat_template,
+        rank=getattr(args, "rank", 0),
+        world_size=getattr(args, "world_size", 1),
+        per_group_seeds=getattr(args, "parallel", None) is not None,
     )
 
 
@@ -449,7 +457,7 @@ def run_rl(
         algo=algo,
         batch_source=source,
         cfg=cfg,
-        publisher=engine,
+        publisher=EngineVersion(engine) if args.parallel else engine,
         evaluator=evaluator,
         checkpoint_config=checkpoint_config(args, "rl"),
         resume_from="latest" if resume else None,
@@ -587,16 +595,20 @@ def main(argv: list[str]) -> int:
     parser = build_parser(f"ludic-fast {command}")
     try:
         args = parse_with_config(parser, rest)
-        check_single_process()
+        parallel.check_launch(args)
         check_flag_scope(parser, args)
         env_train.check_env_args(parser, args)
     except UsageError as exc:
         print(f"ludic-fast {command}: error: {exc}", file=sys.stderr)
         return 2
-    with StopOnSignal() as stop:
-        if PRESET_RECORDS[args.preset].offline:  # preference, reward-model and distillation presets: no rollouts
-            return offline_main(args, command, stop, argv=[command, *rest], parser=parser)
-        return _run(args, command, t0, stop, [command, *rest], parser)
+    stop = AgreedStop() if parallel.start(args) else StopOnSignal()
+    try:
+        with stop:
+            if PRESET_RECORDS[args.preset].offline:  # preference, reward-model and distillation presets: no rollouts
+                return offline_main(args, command, stop, argv=[command, *rest], parser=parser)
+            return _run(args, command, t0, stop, [command, *rest], parser)
+    finally:
+        parallel.finish(args)
 
 
 def _run(args: argparse.Namespace, command: str, t0: float, stop: StopOnSignal, argv: list[str],
@@ -613,48 +625,57 @@ def _run(args: argparse.Namespace, command: str, t0: float, stop: StopOnSignal, 
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     metrics = out / "metrics.jsonl"
+    main_rank = parallel.is_main(args)  # rank 0 writes the run directory
     rl_resume = args.resume and CheckpointManager(CheckpointConfig(str(out / "rl"))).latest_step() is not None
-    if rl_resume:  # the records past the checkpoint's step are logged again by the resumed run
+    if main_rank and rl_resume:  # the records past the checkpoint's step are logged again by the resumed run
         keep_jsonl_records(metrics, lambda r: r.get("phase") != "rl" or r["step"] <= resume_step)
-    elif args.resume:
+    elif main_rank and args.resume:
         keep_jsonl_records(metrics, lambda r: r.get("phase") == "sft" and r["step"] <= resume_step)
-    else:
+    elif main_rank:
         metrics.unlink(missing_ok=True)
-    record_run(out, parser, args, argv, objective=make_algorithm(args), trainer_configs={
-        "sft": trainer_config(args, tok, lr=args.sft_lr, steps=args.sft_steps, sync=0),
-        "rl": trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)})
-    print(_header(args, command, task), flush=True)
-    console = build_console_logger(args.logger, env_train.EPISODE_KEYS if args.env else ())
+    if main_rank:
+        record_run(out, parser, args, argv, objective=make_algorithm(args), trainer_configs={
+            "sft": trainer_config(args, tok, lr=args.sft_lr, steps=args.sft_steps, sync=0),
+            "rl": trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)})
+        print(_header(args, command, task), flush=True)
+    console = build_console_logger(args.logger if main_rank else "none", env_train.EPISODE_KEYS if args.env else ())
     monitor = LearningSignalMonitor(console_notifier(console))
     if args.rl_steps > 0 and args.group_size == 1 and PRESETS[args.preset].data == "groups":
         monitor.warn(
             "group_size",
             f"--group-size 1 with {args.preset}: a group of one has advantage 0, so the RL steps cannot learn",
         )
-    wandb = WandbLogger(config=vars(args)) if args.wandb else None
+    wandb = WandbLogger(config=vars(args)) if args.wandb and main_rank else None
     model, tok = build_model_and_tokenizer(args, tok)
+    model = parallel.wrap(args, model)
     trainer, error = None, None
     try:
         if args.sft_steps > 0 and not rl_resume:
             _set_phase(console, "sft", args.sft_steps)
             sft_logger = TeeLogger(
                 JSONLLogger(metrics, extra={"phase": "sft"}), console, monitor, wandb, drop_keys=RL_ONLY_KEYS
-            )
+            ) if main_rank else None
             model = run_sft(args, model, tok, task, sft_logger, stop=stop)
         if not stop.requested:
             _set_phase(console, "rl", args.rl_steps)
-            rl_logger = TeeLogger(JSONLLogger(metrics, extra={"phase": "rl"}), console, monitor, wandb)
+            rl_logger = TeeLogger(JSONLLogger(metrics, extra={"phase": "rl"}), console, monitor,
+                                  wandb) if main_rank else None
             trainer = run_rl(args, model, tok, task, rl_logger, rl_resume, stop=stop)
     except NonFiniteError as exc:
         error = exc
     finally:
         close_loggers(console, wandb)
+    stopped = stop.requested  # read once here by every rank (under --parallel a collective)
+    if error is None and args.parallel:  # every rank joins the gather; rank 0 writes
+        export_hf(model if trainer is None else trainer.model, out / "model", tok)
+    if not main_rank:
+        return 1 if error is not None else stop.exit_code if stopped else 0
     summary = _finish(args, command, out, t0, trainer)
     if error is not None:
         print(f"ludic-fast {command}: error: {error} (kept: {metrics}, summary.json, earlier checkpoints)",
               file=sys.stderr)
         return 1
-    if stop.requested:
+    if stopped:
         phase = "rl" if trainer is not None else "sft"
         records = [r for r in read_jsonl(metrics) if r.get("phase") == phase] if metrics.exists() else []
         step = records[-1]["step"] if records else 0

@@ -168,6 +168,15 @@ def global_sum(value: float) -> float:
     return float(t)
 
 
+def global_max(value: float) -> float:
+    """max over the ranks of `value` (collective; `value` itself without a process group)."""
+    if not _initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=collective_device(None))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
 def average_gradients(params: Sequence[nn.Parameter]) -> None:
     """Average `.grad` over the ranks for parameters no wrapper reduces (a value head beside the model);
     a missing gradient counts as zero, so every rank joins the same collectives."""
@@ -180,6 +189,46 @@ def average_gradients(params: Sequence[nn.Parameter]) -> None:
         buf = g.detach().to(dev)
         dist.all_reduce(buf)
         p.grad = (buf / world).to(p.device)
+
+
+class EngineVersion:
+    """The publisher of an in-process rollout engine that samples from the trainer's own model on every rank
+    (transformers `generate` on the DDP module or the FSDP2 model): there is nothing to copy, so a push only
+    moves the engine's policy version, on every rank (`every_rank`: the engine does not wrap it in
+    Rank0Publisher)."""
+
+    every_rank = True
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def publish(self, params: Mapping[str, torch.Tensor], version: int) -> None:
+        del params
+        self.engine.version = int(version)
+
+
+class RankShareSource:
+    """This rank's share (`rank_share`) of each SAWBatch of a batch source that serves the global batches;
+    `num_samples` counts the share, the other batch values stay the global batch's. Its state is the inner
+    source's, the same on every rank."""
+
+    def __init__(self, inner: Any, rank: int, world_size: int):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+        self.inner, self.rank, self.world_size = inner, rank, world_size
+
+    async def next_batch(self) -> Any:
+        from ludic_fast.data.types import SAWBatch
+
+        batch = await self.inner.next_batch()
+        items = rank_share(batch.items, self.rank, self.world_size)
+        return SAWBatch(items=items, meta={**batch.meta, "num_samples": len(items)})
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.inner.load_state_dict(state)
 
 
 class AgreedStop(StopOnSignal):
@@ -200,12 +249,15 @@ class AgreedStop(StopOnSignal):
 __all__ = [
     "PARALLEL_MODES",
     "AgreedStop",
+    "EngineVersion",
     "RankInfo",
+    "RankShareSource",
     "all_ranks",
     "average_gradients",
     "backend_for",
     "decoder_layers",
     "full_parameters",
+    "global_max",
     "global_sum",
     "init_from_env",
     "rank_share",

@@ -22,7 +22,13 @@ divide them by the step's compute time, `perf/step_time_s - perf/batch_time_s` (
 its batch: forwards of the policy and of frozen models, backward, optimizer step, weight push, checkpoint).
 
 DDP / FSDP1 / FSDP2: wrap the model before handing it over; the loss runs inside the model's forward
-(`call_in_forward`), so the wrappers gather and reduce as usual.
+(`call_in_forward`), so the wrappers gather and reduce as usual. Every rank then runs the same number of
+micro-batches (a rank with fewer repeats its last with weight 0, as FSDP gathers in every forward), parameters
+outside the model (a value head) get their gradients averaged, the non-finite guard acts on every rank when
+any rank's loss is not finite, an objective that samples from the policy (`samples_policy`) and the evaluator
+see FSDP2's parameters whole (`distributed.launch.full_parameters`), and checkpoints are sharded
+(`run.sharded_checkpoint`) unless `CheckpointConfig(sharded=False)`. An objective with `global_mean` divides
+by its sizes summed over the ranks (a token mean over every rank's tokens).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ludic_fast.distributed.launch import all_ranks, average_gradients, full_parameters, global_max, global_sum
 from ludic_fast.distributed.rank0 import Rank0Publisher
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
 from ludic_fast.engine import model_setup
@@ -59,6 +66,7 @@ from ludic_fast.run.checkpoint import (
     rng_tensors,
     set_random_state,
 )
+from ludic_fast.run.sharded_checkpoint import ShardedCheckpointManager
 from ludic_fast.run.stats import group_log_stats
 
 
@@ -107,7 +115,9 @@ class Engine:
         self.cfg = cfg
         self.objective = objective
         # under DDP/FSDP2 every rank runs the trainer: gather shards, strip `module.`, publish from rank 0 only
-        wrap = publisher is not None and not isinstance(publisher, Rank0Publisher)
+        # (a publisher with `every_rank = True` serves its own rank: an engine sampling from the trainer's model)
+        wrap = (publisher is not None and not isinstance(publisher, Rank0Publisher)
+                and not getattr(publisher, "every_rank", False))
         self.publisher = Rank0Publisher(publisher) if wrap else publisher
         self.param_filter = param_filter
         self.train_logger = train_logger
@@ -147,7 +157,12 @@ class Engine:
         self.skipped_steps = 0
         self.nonfinite_in_row = 0
         self.stopped_by: str | None = None
-        self.checkpointer = None if checkpoint_config is None else CheckpointManager(checkpoint_config)
+        self.checkpointer = None
+        if checkpoint_config is not None:
+            sharded = checkpoint_config.sharded if checkpoint_config.sharded is not None else self.data_parallel
+            # a sharded checkpoint stores the objective's own parameters (a value head) with their optimizer state
+            self.checkpointer = (ShardedCheckpointManager(checkpoint_config, extra=list(objective.parameters()))
+                                 if sharded else CheckpointManager(checkpoint_config))
         if resume_from is not None:
             self.resume(resume_from)
 
@@ -208,6 +223,10 @@ class Engine:
 
         return call_head(model, head_fn, hidden, fp32_head=fp32_head)
 
+    def _whole_parameters(self, sampling: bool) -> contextlib.AbstractContextManager:
+        """FSDP2's parameters gathered for sampling from the policy (a no-op otherwise)."""
+        return full_parameters(self.model) if sampling and self.data_parallel else contextlib.nullcontext()
+
     # ------------------------------------------------------------------------------------- one step
     def accumulate_gradients(self, batch: Any) -> tuple[Tensor, list[dict[str, Any]], list[int], list[Any]]:
         """The micro-batch loop of a fetched batch: `(loss_k n_k / N).backward()` per micro-batch. Returns
@@ -217,21 +236,32 @@ class Engine:
 
     def _backward(self, micros: Sequence[MicroBatch]) -> tuple[Tensor, list[dict[str, Any]], list[int], list[Any]]:
         n_total = sum(m.size for m in micros)
+        passes = len(micros)
+        if self.data_parallel:  # every rank runs as many forwards (FSDP gathers in each); sizes over all ranks
+            passes = int(global_max(passes))
+            if getattr(self.objective, "global_mean", False):
+                n_total = global_sum(n_total) / torch.distributed.get_world_size()
         total_loss = torch.zeros((), device=self.device)
         micro_stats = []
-        for m in micros:
+        for i in range(passes):
+            m = micros[min(i, len(micros) - 1)]
+            weight = m.size / n_total if i < len(micros) else 0.0  # a repeat only keeps the ranks in step
             loss, stats = self.micro_loss(m.batch)
-            scaled = loss * (m.size / n_total)
+            scaled = loss * weight
             (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
-            total_loss += loss.detach() * (m.size / n_total)
-            micro_stats.append(stats)
+            if i < len(micros):
+                total_loss += loss.detach() * weight
+                micro_stats.append(stats)
+        if self.data_parallel:
+            average_gradients(list(self.objective.parameters()))
         return total_loss, micro_stats, [m.size for m in micros], [m.aux for m in micros]
 
     async def train_step(self) -> dict[str, Any]:
         """One optimizer step (module docstring); returns the grouped stats (or {"train/step"} between logs)."""
         self.model.train()
         t0 = time.perf_counter()
-        batch = await self.objective.next_batch(self)
+        with self._whole_parameters(getattr(self.objective, "samples_policy", False)):
+            batch = await self.objective.next_batch(self)
         t_fetch = time.perf_counter() - t0
         micros = self.objective.micro_batches(self, batch)
         total_loss, micro_stats, sizes, aux = self._backward(micros)
@@ -241,6 +271,8 @@ class Engine:
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         loss_finite = bool(torch.isfinite(total_loss))
+        if self.data_parallel:  # every rank skips, and gives up, at the same step
+            loss_finite = all_ranks(loss_finite)
         finite = loss_finite and bool(torch.isfinite(grad_norm))
         if finite:
             self.optimizer.step()
@@ -347,9 +379,10 @@ class Engine:
     async def eval(self) -> dict[str, float]:
         """Run the evaluator; its metrics become `eval/<k>` plus `eval/step`, logged as a record of their own
         at the current step (train records carry no eval values)."""
-        result = self.evaluator.evaluate()
-        if inspect.isawaitable(result):
-            result = await result
+        with self._whole_parameters(True):
+            result = self.evaluator.evaluate()
+            if inspect.isawaitable(result):
+                result = await result
         self.model.train()
         stats = {(k if k.startswith("eval/") else f"eval/{k}"): float(v) for k, v in result.items()}
         stats["eval/step"] = self.step_idx

@@ -2,7 +2,9 @@
 prompt/completion examples (`collate_completions`), the teacher's hidden states under no_grad; the two heads
 may differ in hidden size. Off-policy on the dataset, or GKD-style on-policy (Agarwal et al., arXiv
 2306.13649): with probability `on_policy_fraction` λ an example's completion is replaced by a sample of the
-student (the student samples, the teacher scores)."""
+student (the student samples, the teacher scores). The coin and the sample's seed of an example come from
+(seed, step, its place in the global batch), so a data-parallel rank samples what a one-rank run would; a DDP
+wrapper is looked through for `generate`."""
 
 from __future__ import annotations
 
@@ -13,12 +15,12 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.data.pair_batching import collate_completions
+from ludic_fast.distributed.launch import unwrap
 from ludic_fast.engine.config import head_options
 from ludic_fast.engine.objective import EngineView
 from ludic_fast.integrations.transformers import LMHead
 from ludic_fast.objectives.offline import OfflineObjective
 from ludic_fast.ops.divergence import linear_divergence
-from ludic_fast.run.checkpoint import random_state, set_random_state
 from ludic_fast.token_batch import TokenBatch
 
 
@@ -36,24 +38,28 @@ class DistillObjective(OfflineObjective):
         self.teacher = teacher.eval().requires_grad_(False)
         self.kind, self.beta, self.temperature, self.hard_weight = kind, beta, temperature, hard_weight
         self.on_policy_fraction, self.max_new_tokens = on_policy_fraction, max_new_tokens
-        self.eos_token_id = eos_token_id
-        self._rng = random.Random(seed)
+        self.eos_token_id, self.seed = eos_token_id, seed
+        self.samples_policy = on_policy_fraction > 0  # the engine keeps FSDP2 parameters whole for next_batch
 
     def frozen_models(self) -> list[nn.Module]:
         return [self.teacher]
 
     @torch.no_grad()
-    def prepare(self, engine: EngineView, examples: list[Any]) -> list[Any]:
+    def prepare(self, engine: EngineView, examples: list[Any], places: list[int]) -> list[Any]:
         """Replace completions by the student's samples (eval mode) with probability on_policy_fraction."""
-        model = engine.model
+        model = unwrap(engine.model)
         out, was_training = [], model.training
         model.eval()
-        for prompt, completion in examples:
-            if self.on_policy_fraction > 0 and self._rng.random() < self.on_policy_fraction:
+        devices = [engine.device] if engine.device.type == "cuda" else []
+        for (prompt, completion), place in zip(examples, places):
+            draw = random.Random(f"{self.seed}:{engine.step_idx}:{place}")
+            if self.on_policy_fraction > 0 and draw.random() < self.on_policy_fraction:
                 ids = torch.tensor([prompt], device=engine.device)
-                gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                     max_new_tokens=self.max_new_tokens, eos_token_id=self.eos_token_id,
-                                     pad_token_id=self.eos_token_id)
+                with torch.random.fork_rng(devices=devices):
+                    torch.manual_seed(draw.getrandbits(63))
+                    gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                         max_new_tokens=self.max_new_tokens, eos_token_id=self.eos_token_id,
+                                         pad_token_id=self.eos_token_id)
                 completion = gen[0, len(prompt):].tolist() or completion
             out.append((prompt, completion))
         model.train(was_training)
@@ -96,15 +102,6 @@ class DistillObjective(OfflineObjective):
             return value, {"loss": value.detach(), "tokens": float(tb.n)}
 
         return engine.head_loss(batch, loss)
-
-    def state(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
-        meta, tensors = super().state()
-        return {**meta, "rng": random_state(self._rng)}, tensors
-
-    def load_state(self, meta: dict[str, Any], tensors: dict[str, Tensor]) -> None:
-        super().load_state(meta, tensors)
-        if "rng" in meta:
-            set_random_state(meta["rng"], self._rng)
 
 
 __all__ = ["DistillObjective"]

@@ -4,6 +4,11 @@
 to `max_seq_len`), collates each in the engine's layout, and records the n_k-weighted mean of each
 micro-batch statistic, so the step's loss and record are those of the mean over its examples (n_k: a
 micro-batch's examples, or its tokens for a token-mean loss, `size`).
+
+Data-parallel ranks (`shard(rank, world_size)`): every rank draws the same global batch and keeps examples
+rank, rank + W, ...; the engine divides by the sizes summed over the ranks (`global_mean`), so the step is
+the mean over the union of the ranks' examples, and the stream's position (a checkpoint's) is the same on
+every rank, whatever W.
 """
 
 from __future__ import annotations
@@ -25,10 +30,21 @@ class OfflineObjective:
 
     name = "offline"
     stream: ExampleStream | None = None
+    #: the engine divides a step's loss by its sizes summed over the data-parallel ranks
+    global_mean = True
+    #: (rank, world size) of the examples this process trains on
+    share: tuple[int, int] = (0, 1)
 
     def use_examples(self, examples: Sequence[Any], *, batch_size: int, seed: int = 0) -> OfflineObjective:
         """Draw each step's `batch_size` examples from `examples` (reshuffled by `seed` when exhausted)."""
         self.stream = ExampleStream(examples, batch_size=batch_size, seed=seed)
+        return self
+
+    def shard(self, rank: int, world_size: int) -> OfflineObjective:
+        """Train on examples rank, rank + world_size, ... of each global batch of `batch_size`."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+        self.share = (rank, world_size)
         return self
 
     def frozen_models(self) -> list[nn.Module]:
@@ -37,9 +53,10 @@ class OfflineObjective:
     def parameters(self) -> list[nn.Parameter]:
         return []
 
-    def prepare(self, engine: EngineView, examples: list[Any]) -> list[Any]:
-        """The step's examples as trained on (on-policy distillation replaces completions)."""
-        del engine
+    def prepare(self, engine: EngineView, examples: list[Any], places: list[int]) -> list[Any]:
+        """This rank's examples as trained on (on-policy distillation replaces completions); `places`: their
+        positions in the step's global batch."""
+        del engine, places
         return examples
 
     def lengths(self, example: Any) -> list[int]:
@@ -51,7 +68,10 @@ class OfflineObjective:
     async def next_batch(self, engine: EngineView) -> list[Any]:
         if self.stream is None:
             raise ValueError(f"{type(self).__name__}: call use_examples(examples, batch_size=...) first")
-        return self.prepare(engine, self.stream.next())
+        batch = self.stream.next()
+        rank, world = self.share
+        places = list(range(rank, len(batch), world))
+        return self.prepare(engine, [batch[i] for i in places], places)
 
     def micro_batches(self, engine: EngineView, examples: list[Any]) -> list[MicroBatch]:
         chunks = split_by_tokens(examples, [self.lengths(e) for e in examples], engine.cfg.micro_token_budget,

@@ -16,6 +16,13 @@ credit never divides a zero spread.
 
 Every random draw is seeded from (seed, batch index, round), so a resumed run (`load_state_dict`) samples
 exactly what an uninterrupted one does.
+
+Data-parallel ranks (`rank`, `world_size`; `ludic_fast.distributed.launch`): every rank walks the same prompt
+order and samples groups rank, rank + W, ... of the batch's `prompts_per_batch` (groups stay whole on a rank).
+With `per_group_seeds` each group is sampled by its own `generate` call under a seed of (seed, batch, round,
+the group's place in the global batch), so a group's completions do not depend on which rank, or how many
+ranks, sample it: W ranks sample the union a one-rank run samples, and a checkpoint resumes on any W.
+Dynamic sampling and a curriculum decide from every group of a batch, so they need `world_size == 1`.
 """
 
 from __future__ import annotations
@@ -88,6 +95,9 @@ class RolloutBatchSource:
         curriculum: Any = None,
         sample_filter: SampleFilter | None = None,
         chat_template: bool | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        per_group_seeds: bool = False,
     ):
         if prompts_per_batch < 1 or group_size < 1:
             raise ValueError(f"prompts_per_batch and group_size must be >= 1, got {prompts_per_batch}, {group_size}")
@@ -95,6 +105,15 @@ class RolloutBatchSource:
             raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
         if tie_jitter < 0:
             raise ValueError(f"tie_jitter must be >= 0, got {tie_jitter}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+        if world_size > 1:
+            if prompts_per_batch % world_size:
+                raise ValueError(f"prompts_per_batch ({prompts_per_batch}) must be a multiple of world_size "
+                                 f"({world_size}): each rank samples an equal share of the groups")
+            if dynamic_sampling or curriculum is not None:
+                raise ValueError("dynamic_sampling and a curriculum decide from every group of a batch: they need "
+                                 f"world_size == 1, got {world_size}")
         self.engine, self.task, self.tokenizer = engine, task, tokenizer
         self.credit_assigner = credit_assigner
         self.prompts_per_batch, self.group_size = prompts_per_batch, group_size
@@ -102,6 +121,7 @@ class RolloutBatchSource:
         self.dynamic_sampling, self.max_rounds, self.tie_jitter = dynamic_sampling, max_rounds, tie_jitter
         self.curriculum, self.sample_filter = curriculum, sample_filter
         self.chat_template = resolve_chat_template(tokenizer, chat_template)
+        self.rank, self.world_size, self.per_group_seeds = rank, world_size, per_group_seeds or world_size > 1
         self.batches = 0
         self.epoch = 0
         self.cursor = 0
@@ -129,17 +149,31 @@ class RolloutBatchSource:
         return out
 
     # ------------------------------------------------------------------------------------- rollouts
-    def _sample_groups(self, samples: list[dict[str, Any]], round_idx: int) -> list[list[Rollout]]:
-        rng = random.Random(_mix_seed(self.seed, self.batches, round_idx, 1))
+    def _complete(self, samples: list[dict[str, Any]], places: list[int], round_idx: int) -> list[list[Completion]]:
+        """`group_size` completions of each sample: one `generate` call for all (seeded by batch and round), or
+        one per group seeded by its place in the global batch (`per_group_seeds`)."""
         prompts = [encode_prompt(self.tokenizer, s["prompt"], chat_template=self.chat_template) for s in samples]
+        if self.per_group_seeds:
+            return [self.engine.generate([p] * self.group_size, self.sampling,
+                                         seed=_mix_seed(self.seed, self.batches, round_idx, 3, g))
+                    for p, g in zip(prompts, places)]
         flat = [p for p in prompts for _ in range(self.group_size)]
         completions = self.engine.generate(flat, self.sampling, seed=_mix_seed(self.seed, self.batches, round_idx))
+        return [completions[g * self.group_size : (g + 1) * self.group_size] for g in range(len(samples))]
+
+    def _sample_groups(self, samples: list[dict[str, Any]], round_idx: int) -> list[list[Rollout]]:
+        """This rank's groups of the global `samples` (all of them on one rank)."""
+        places = list(range(self.rank, len(samples), self.world_size))
+        samples = [samples[g] for g in places]
+        rank_part = [self.rank] if self.world_size > 1 else []  # distinct group ids on each rank
+        rng = random.Random(_mix_seed(self.seed, self.batches, round_idx, 1, *rank_part))
+        completions = self._complete(samples, places, round_idx)
         version = int(getattr(self.engine, "version", 0))
         groups = []
         for g, sample in enumerate(samples):
             gid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
             group = []
-            for c in completions[g * self.group_size : (g + 1) * self.group_size]:
+            for c in completions[g]:
                 text = completion_text(self.tokenizer, c)
                 reward = self.task.reward(text, sample)
                 components = self.task.components(text, sample)
@@ -208,7 +242,7 @@ class RolloutBatchSource:
             "num_samples_filtered": n_before - len(items),
             "avg_total_reward": sum(raw_rewards) / len(raw_rewards) if raw_rewards else 0.0,
             "avg_completion_length": sum(i.meta["completion_length"] for i in items) / len(items) if items else 0.0,
-            "oversampling_factor": sampled_groups / self.prompts_per_batch,
+            "oversampling_factor": sampled_groups * self.world_size / self.prompts_per_batch,
             "zero_variance_group_frac": tied / len(kept) if kept else 1.0,
             "zero_weight_frac": sum(i.weight == 0 for i in items) / len(items) if items else 1.0,
             "rollout_rounds": rounds,

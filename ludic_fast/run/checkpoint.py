@@ -43,12 +43,15 @@ _TMP_PREFIX = ".tmp-step_"
 @dataclass
 class CheckpointConfig:
     """Where and how often to checkpoint: every `every_n_steps` (0 = only explicit saves), keep the newest
-    `max_to_keep` (None = all), with the optimizer state unless `save_optimizer=False`."""
+    `max_to_keep` (None = all), with the optimizer state unless `save_optimizer=False`. sharded: the engine
+    writes `run.sharded_checkpoint`'s format (each rank its shards) instead of this module's whole-model files;
+    None = sharded exactly when the model is data-parallel (DDP / FSDP)."""
 
     output_dir: str
     every_n_steps: int = 0
     max_to_keep: int | None = 2
     save_optimizer: bool = True
+    sharded: bool | None = None
 
     def __post_init__(self) -> None:
         if self.every_n_steps < 0:

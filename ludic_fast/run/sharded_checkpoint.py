@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ludic_fast.run.atomic_io import atomic_write_json
-from ludic_fast.run.checkpoint import _TMP_PREFIX, CheckpointManager, _fsync_dir
+from ludic_fast.run.checkpoint import _TMP_PREFIX, CheckpointConfig, CheckpointManager, _fsync_dir
 
 #: keys of the per-rank tensors (RNG states)
 RANK_PREFIX = "rng."
@@ -82,7 +82,12 @@ def _container(model: nn.Module, extra: Sequence[nn.Parameter]) -> nn.Module:
 
 class ShardedCheckpointManager(CheckpointManager):
     """Saves and loads DCP checkpoints under `cfg.output_dir` (module docstring). Collective under
-    torch.distributed: every rank calls `save` / `load` with its own model shards; works in one process too."""
+    torch.distributed: every rank calls `save` / `load` with its own model shards; works in one process too.
+    extra: trainable parameters outside the model (a value head), saved and restored with the model."""
+
+    def __init__(self, cfg: CheckpointConfig, *, extra: Sequence[nn.Parameter] = ()):
+        super().__init__(cfg)
+        self.extra = list(extra)
 
     def save(
         self,
@@ -92,7 +97,6 @@ class ShardedCheckpointManager(CheckpointManager):
         step: int,
         metadata: Mapping[str, Any] | None = None,
         tensors: Mapping[str, torch.Tensor] | None = None,
-        extra: Sequence[nn.Parameter] = (),
     ) -> Path:
         rank, world = _rank_world()
         final = self.root / f"step_{step:06d}"
@@ -103,7 +107,7 @@ class ShardedCheckpointManager(CheckpointManager):
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir()
         _barrier()
-        holder = _container(model, extra)
+        holder = _container(model, self.extra)
         with_optim = optimizer is not None and self.cfg.save_optimizer
         if with_optim:
             model_sd, optim_sd = get_state_dict(holder, optimizer)
@@ -144,7 +148,6 @@ class ShardedCheckpointManager(CheckpointManager):
         *,
         step: int | None = None,
         path: str | os.PathLike[str] | None = None,
-        extra: Sequence[nn.Parameter] = (),
     ) -> dict[str, Any]:
         """Restore the model, the parameters in `extra` and the optimizer from the resolved checkpoint (resharded
         to this run's ranks); returns trainer_state.json (`{"step": 0}` without a checkpoint) with this rank's
@@ -155,7 +158,7 @@ class ShardedCheckpointManager(CheckpointManager):
         if not (ckpt / ".metadata").is_file():
             raise ValueError(f"checkpoint {ckpt} is not a sharded (torch.distributed.checkpoint) checkpoint")
         state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
-        holder = _container(model, extra)
+        holder = _container(model, self.extra)
         with_optim = optimizer is not None and state.get("optimizer_saved", False)
         if with_optim:
             model_sd, optim_sd = get_state_dict(holder, optimizer)
