@@ -36,7 +36,7 @@ from ludic_fast.data.credit import EpisodicReturn
 from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWBatch, SAWItem
 from ludic_fast.embedded import build_tiny_model
 from ludic_fast.embedded.tokenizer import ASCII_CHARACTERS, build_char_tokenizer
-from ludic_fast.rollout import HFGenerateEngine, SamplingConfig
+from ludic_fast.rollout import HFSampler, SamplingConfig
 from ludic_fast.trainer import Trainer, TrainerConfig
 
 
@@ -130,16 +130,16 @@ def main(argv: list[str] | None = None) -> None:
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.max_new_tokens)
     tmp = None
     if args.engine == "vllm":
-        from ludic_fast.rollout.vllm_engine import VLLMEngine
+        from ludic_fast.rollout.vllm_sampler import VLLMSampler
 
         tmp = tempfile.TemporaryDirectory()
         model.save_pretrained(tmp.name)
         tok.save_pretrained(tmp.name)
-        engine = VLLMEngine(tmp.name, eos_token_id=tok.eos_token_id, seed=0, dtype="float32",
+        engine = VLLMSampler(tmp.name, eos_token_id=tok.eos_token_id, seed=0, dtype="float32",
                             max_model_len=args.max_episode_tokens, enforce_eager=True,
                             kv_cache_memory_bytes=256 << 20)
     else:
-        engine = HFGenerateEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        engine = HFSampler(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     runner = EpisodeRunner(engine, tok, sampling=sampling, limits=limits)
     env_cls = ENVS[args.env].factory
 

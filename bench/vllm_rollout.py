@@ -1,4 +1,4 @@
-"""Rollout throughput of VLLMEngine vs the transformers engine (HFGenerateEngine) on the same model and sampling,
+"""Rollout throughput of VLLMSampler vs the transformers sampler (HFSampler) on the same model and sampling,
 and the mismatch of vLLM's behaviour log-probs against the trainer's fp32 recomputation, side by side in one run.
 
 The model is the embedded tiny Llama (`ludic_fast.embedded`, random init, seeded; `--lm-head-scale` sharpens its
@@ -22,8 +22,8 @@ import time
 import torch
 
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
-from ludic_fast.rollout import HFGenerateEngine, SamplingConfig, embedded_default_task
-from ludic_fast.rollout.vllm_engine import VLLMEngine
+from ludic_fast.rollout import HFSampler, SamplingConfig, embedded_default_task
+from ludic_fast.rollout.vllm_sampler import VLLMSampler
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,12 +78,12 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [tok.encode(rows[i % len(rows)]["prompt"], add_special_tokens=False) for i in range(args.prompts)]
     sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     threads = torch.get_num_threads()
-    hf_rate, _ = timed(HFGenerateEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id),
+    hf_rate, _ = timed(HFSampler(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id),
                        prompts, sampling, args.repeats)
     with tempfile.TemporaryDirectory() as path:
         model.save_pretrained(path)
         tok.save_pretrained(path)
-        engine = VLLMEngine(path, eos_token_id=tok.eos_token_id, seed=0, dtype=args.dtype,
+        engine = VLLMSampler(path, eos_token_id=tok.eos_token_id, seed=0, dtype=args.dtype,
                             max_model_len=model.config.max_position_embeddings, enforce_eager=args.enforce_eager,
                             kv_cache_memory_bytes=256 << 20)
         vllm_rate, completions = timed(engine, prompts, sampling, args.repeats)

@@ -4,7 +4,7 @@
 
 This is what `ludic-fast demo` runs, written out with the library's pieces so each can be swapped:
 the model (any transformers causal LM), the task (`PromptAnswerTask.from_jsonl`), the preset
-(`ludic_fast.algorithm.make_*`), the engine (`HFGenerateEngine` or `VLLMEngine`), the loggers.
+(`ludic_fast.algorithm.make_*`), the engine (`HFSampler` or `VLLMSampler`), the loggers.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ludic_fast.algorithm import make_cispo, make_sft
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
 from ludic_fast.rollout import (
     Evaluator,
-    HFGenerateEngine,
+    HFSampler,
     OfflineBatchSource,
     RolloutBatchSource,
     SamplingConfig,
@@ -54,11 +54,11 @@ def main() -> None:
 
     # 2. RL: groups of 8 samples per prompt, group-normalised advantages, CISPO loss on the fused head
     algo = make_cispo(group_size=8)
-    engine = HFGenerateEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    engine = HFSampler(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=3)
-    source = RolloutBatchSource(engine=engine, task=task, tokenizer=tok, credit_assigner=algo.credit_assigner,
+    source = RolloutBatchSource(sampler=engine, task=task, tokenizer=tok, credit_assigner=algo.credit_assigner,
                                 prompts_per_batch=32, group_size=8, sampling=sampling, seed=args.seed)
-    evaluator = Evaluator(engine=engine, task=task, tokenizer=tok,
+    evaluator = Evaluator(sampler=engine, task=task, tokenizer=tok,
                           sampling=SamplingConfig(temperature=0.0, max_new_tokens=3))
     rl = Trainer(
         model=model, algo=algo, batch_source=source, publisher=engine, evaluator=evaluator,

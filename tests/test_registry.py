@@ -192,3 +192,32 @@ def test_every_preset_sampler_and_reward_has_a_row_in_the_docs_tables():
         assert name in rows, f"{name} has no row in docs/presets.md"
     for reward in REWARD_FUNCS:
         assert (f"{reward.name}:<arg>" if reward.takes_arg else reward.name) in rows
+
+
+def test_the_samplers_old_names_and_paths_still_work_with_a_deprecation_warning():
+    import importlib
+    import sys
+
+    from ludic_fast import rollout
+    from ludic_fast.rollout import hf_sampler, vllm_sampler, vllm_server
+    from ludic_fast.rollout.sources import RolloutBatchSource
+
+    for old, new in [("HFGenerateEngine", rollout.HFSampler), ("VLLMEngine", rollout.VLLMSampler),
+                     ("VLLMServerEngine", rollout.VLLMServerSampler)]:
+        with pytest.warns(DeprecationWarning, match=f"{old} is deprecated"):
+            assert getattr(rollout, old) is new
+    with pytest.warns(DeprecationWarning, match="server_engine is deprecated"):
+        assert vllm_server.server_engine is vllm_server.server_sampler
+    for old, new in [("ludic_fast.rollout.engine", hf_sampler), ("ludic_fast.rollout.vllm_engine", vllm_sampler)]:
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=f"{old} is deprecated"):
+            assert importlib.import_module(old) is new
+    from ludic_fast.rollout.engine import SamplingConfig, cut_at_eos  # the old path's other names
+
+    assert cut_at_eos([1, 2], [0.0, 0.0], {2}) == ([1, 2], [0.0, 0.0], "stop") and SamplingConfig().temperature == 1
+    args = dict(task=None, tokenizer=None, credit_assigner=None, prompts_per_batch=1, group_size=1,
+                sampling=SamplingConfig(), chat_template=False)
+    with pytest.warns(DeprecationWarning, match="engine= is deprecated"):
+        assert RolloutBatchSource(engine="S", **args).sampler == "S"
+    with pytest.raises(TypeError, match="exactly once"):
+        RolloutBatchSource(sampler="S", engine="S", **args)

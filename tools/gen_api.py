@@ -56,7 +56,7 @@ MODULES = [
     ("ludic_fast.run.warnings", "warnings for steps that cannot learn"),
     ("ludic_fast.registry", "the Registry type of every extension point (presets, samplers, rewards)"),
     ("ludic_fast.rollout", "rollout samplers, tasks, rewards, batch sources, evaluation"),
-    ("ludic_fast.rollout.sampler", "the Sampler protocol and the SAMPLERS registry"),
+    ("ludic_fast.rollout.sampler", "the Sampler protocol, its sampling types and the SAMPLERS registry"),
     ("ludic_fast.rollout.rewards", "reward functions: the REWARD_FUNCS registry, weighted sums"),
     ("ludic_fast.cli.presets", "the preset records of `ludic-fast train --preset`"),
     ("ludic_fast.cli.run_config", "`ludic-fast train --config FILE` and the config.yaml a run saves"),

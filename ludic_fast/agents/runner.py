@@ -33,7 +33,7 @@ from ludic_fast.agents.episode import ChatTokens, EpisodeTokens
 from ludic_fast.agents.protocol import AssistantTurn, Env, Message, StepResult, check_messages
 from ludic_fast.agents.tools import HermesToolCallParser, ParsedTurn, Tool, ToolCallParser, as_tools
 from ludic_fast.data.types import Rollout, Step, TokenTrace
-from ludic_fast.rollout.engine import SamplingConfig
+from ludic_fast.rollout.sampler import SamplingConfig
 
 log = logging.getLogger("ludic_fast.agents")
 
@@ -164,7 +164,7 @@ class _State:
 
 class EpisodeRunner:
     """Plays episodes with `sampler` (`generate(prompts, sampling, seed=) -> [Completion]`, e.g.
-    HFGenerateEngine or VLLMEngine) and `tokenizer` (its chat template builds the context tokens).
+    HFSampler or VLLMSampler) and `tokenizer` (its chat template builds the context tokens).
 
     stop_ids: the sampler's stop tokens (default: the tokenizer's eos); parser: the tool-call format
     (default Hermes `<tool_call>` JSON); template_kwargs go to `apply_chat_template`.

@@ -26,7 +26,7 @@ from ludic_fast.agents.tools import as_tools
 from ludic_fast.cli.validation import UsageError
 from ludic_fast.data.types import SAWItem
 from ludic_fast.registry import load_attr
-from ludic_fast.rollout.engine import SamplingConfig
+from ludic_fast.rollout.sampler import SamplingConfig
 
 #: flags that only mean something with --env
 ENV_ONLY = ("env_arg", "env_reward", "max_turns", "max_episode_tokens", "env_timeout", "tool_timeout",

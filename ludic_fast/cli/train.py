@@ -404,7 +404,7 @@ def build_rollout_source(args: argparse.Namespace, engine: Any, tok: Any, task: 
     preset's credit assigner and curriculum; `ludic-fast train` and the pipeline actor sample alike."""
     dynamic = args.dynamic_sampling if args.dynamic_sampling is not None else args.preset == "dapo"
     return RolloutBatchSource(
-        engine=engine,
+        sampler=engine,
         task=task,
         tokenizer=tok,
         credit_assigner=algo.credit_assigner,
@@ -443,7 +443,7 @@ def run_rl(
         evaluator = env_train.env_evaluator(args, engine, tok)
     elif args.eval_every > 0:
         evaluator = Evaluator(
-            engine=engine,
+            sampler=engine,
             task=task,
             tokenizer=tok,
             sampling=SamplingConfig(temperature=0.0, max_new_tokens=args.max_new_tokens),

@@ -2,7 +2,8 @@
 in-process or its OpenAI server, imported lazily), tasks and rewards (the `REWARD_FUNCS` registry), batch
 sources (RolloutBatchSource with GRPO groups and DAPO dynamic sampling, OfflineBatchSource) and the eval loop."""
 
-from ludic_fast.rollout.engine import Completion, HFGenerateEngine, SamplingConfig
+from ludic_fast._deprecation import renamed_attributes
+from ludic_fast.rollout.hf_sampler import HFSampler
 from ludic_fast.rollout.offline import OfflineBatchSource, chat_item
 from ludic_fast.rollout.prompts import encode_prompt, resolve_chat_template, sft_item
 from ludic_fast.rollout.rewards import (
@@ -14,11 +15,22 @@ from ludic_fast.rollout.rewards import (
     get_reward,
     numeric_match,
 )
-from ludic_fast.rollout.sampler import SAMPLERS, Sampler, SamplerEntry, SamplerSettings
+from ludic_fast.rollout.sampler import (
+    SAMPLERS,
+    Completion,
+    Sampler,
+    SamplerEntry,
+    SamplerSettings,
+    SamplingConfig,
+)
 from ludic_fast.rollout.sources import Evaluator, RolloutBatchSource
 from ludic_fast.rollout.tasks import PromptAnswerTask, embedded_default_task
-from ludic_fast.rollout.vllm_engine import VLLMEngine, map_weights_for_vllm, vllm_weight_name
-from ludic_fast.rollout.vllm_server import VLLMServer, VLLMServerEngine
+from ludic_fast.rollout.vllm_sampler import VLLMSampler, map_weights_for_vllm, vllm_weight_name
+from ludic_fast.rollout.vllm_server import VLLMServer, VLLMServerSampler
+
+#: the samplers' old names (they were called engines; the engine is the trainer's, ludic_fast.engine)
+__getattr__ = renamed_attributes(__name__, globals(), {"HFGenerateEngine": "HFSampler", "VLLMEngine": "VLLMSampler",
+                                                       "VLLMServerEngine": "VLLMServerSampler"})
 
 __all__ = [
     "Sampler",
@@ -29,11 +41,11 @@ __all__ = [
     "RewardEntry",
     "WeightedReward",
     "Completion",
-    "HFGenerateEngine",
+    "HFSampler",
     "SamplingConfig",
-    "VLLMEngine",
+    "VLLMSampler",
     "VLLMServer",
-    "VLLMServerEngine",
+    "VLLMServerSampler",
     "vllm_weight_name",
     "map_weights_for_vllm",
     "OfflineBatchSource",

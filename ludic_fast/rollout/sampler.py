@@ -5,7 +5,9 @@
 A sampler does three things:
 - `generate(prompts, sampling, *, seed=None) -> list[Completion]`: completions of token-id prompts under a
   `SamplingConfig`, each with the behaviour log-prob of every sampled token, `log_softmax(z / T)[y]` over the
-  full vocabulary (T = the sampling temperature, 1 for greedy);
+  full vocabulary, z the model's raw logits (T = the sampling temperature; T = 0 is greedy decoding, with the
+  log-probs of `log_softmax(z)`), which is what `loss(batch, hidden=h, weight=W, temperature=T)` computes for
+  the same token;
 - `publish(params, version)`: take the trainer's new weights (a name -> tensor mapping in the trainer's names);
 - `version`: the policy version of the weights it samples with now, stamped on each rollout as `policy_version`.
 
@@ -22,8 +24,51 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
+from ludic_fast._common import logprob_temperature
 from ludic_fast.registry import Registry
-from ludic_fast.rollout.engine import Completion, SamplingConfig
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """temperature (0 = greedy), top_p, top_k (0 = off), max_new_tokens per completion."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        logprob_temperature(self.temperature)  # finite and >= 0
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The head temperature of this sampler's log-probs (`ludic_fast._common.logprob_temperature`)."""
+        return logprob_temperature(self.temperature)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion: its token ids (ending in eos when stopped), their behaviour logprobs, and
+    finish_reason "stop" (eos produced) or "length" (max_new_tokens reached)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+def cut_at_eos(ids: list[int], logprobs: list[float], eos_ids: set[int]) -> tuple[list[int], list[float], str]:
+    """Keep tokens up to and including the first eos; finish reason "stop" if one was found, else "length"."""
+    for i, t in enumerate(ids):
+        if t in eos_ids:
+            return ids[: i + 1], logprobs[: i + 1], "stop"
+    return ids, logprobs, "length"
 
 
 @runtime_checkable
@@ -87,10 +132,10 @@ def _factory_entry(obj: Any, spec: str) -> SamplerEntry:
 
 
 def _hf(settings: SamplerSettings) -> Sampler:
-    from ludic_fast.rollout.engine import HFGenerateEngine
+    from ludic_fast.rollout.hf_sampler import HFSampler
 
     tok = settings.tokenizer
-    return HFGenerateEngine(settings.model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    return HFSampler(settings.model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
 
 
 def _tokenizer_option(settings: SamplerSettings) -> dict[str, Any]:
@@ -98,18 +143,18 @@ def _tokenizer_option(settings: SamplerSettings) -> dict[str, Any]:
 
 
 def _vllm(settings: SamplerSettings) -> Sampler:
-    from ludic_fast.rollout.vllm_engine import VLLMEngine
+    from ludic_fast.rollout.vllm_sampler import VLLMSampler
 
     kwargs = {"dtype": settings.dtype, **_tokenizer_option(settings), **settings.options}
-    return VLLMEngine(_path(settings), eos_token_id=settings.eos_token_id, seed=settings.seed, **kwargs)
+    return VLLMSampler(_path(settings), eos_token_id=settings.eos_token_id, seed=settings.seed, **kwargs)
 
 
 def _vllm_server(settings: SamplerSettings) -> Sampler:
-    from ludic_fast.rollout.vllm_server import server_engine
+    from ludic_fast.rollout.vllm_server import server_sampler
 
     engine_args = None if settings.url else {  # a server given by URL runs with its own
         "dtype": settings.dtype, **_tokenizer_option(settings), **settings.options}
-    return server_engine(_path(settings), url=settings.url, eos_token_id=settings.eos_token_id, seed=settings.seed,
+    return server_sampler(_path(settings), url=settings.url, eos_token_id=settings.eos_token_id, seed=settings.seed,
                          engine_args=engine_args)
 
 
@@ -130,4 +175,4 @@ SAMPLERS.add(SamplerEntry("vllm-server", "vLLM's OpenAI server, started here or 
                           _vllm_server, flags=("vllm_arg", "vllm_url"), package=_VLLM, package_unless="vllm_url"))
 
 
-__all__ = ["Sampler", "SamplerSettings", "SamplerEntry", "SAMPLERS"]
+__all__ = ["SamplingConfig", "Completion", "cut_at_eos", "Sampler", "SamplerSettings", "SamplerEntry", "SAMPLERS"]

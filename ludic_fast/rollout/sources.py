@@ -30,21 +30,31 @@ from __future__ import annotations
 import random
 import statistics
 import uuid
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from ludic_fast.data.batching import saw_item_from_step
 from ludic_fast.data.filters import apply_filter
 from ludic_fast.data.types import CreditAssigner, Rollout, SampleFilter, SAWBatch, Step, TokenTrace
-from ludic_fast.rollout.engine import Completion, SamplingConfig
 from ludic_fast.rollout.prompts import encode_prompt, resolve_chat_template
-from ludic_fast.rollout.sampler import Sampler
+from ludic_fast.rollout.sampler import Completion, Sampler, SamplingConfig
 from ludic_fast.rollout.tasks import PromptAnswerTask
 from ludic_fast.run.stats import Reducer, apply_reducers_to_records
 
 
 def _mix_seed(*parts: int) -> int:
     return random.Random(":".join(str(p) for p in parts)).getrandbits(63)
+
+
+def _sampler_argument(sampler: Sampler | None, engine: Sampler | None) -> Sampler:
+    """`sampler=`, or the deprecated `engine=` (a DeprecationWarning); a TypeError for both or neither."""
+    if (sampler is None) == (engine is None):
+        raise TypeError("pass the rollout sampler as sampler= (engine= is its deprecated old name), exactly once")
+    if engine is not None:
+        warnings.warn("engine= is deprecated: pass sampler= (the rollout side is a Sampler; ludic_fast.engine "
+                      "is the training engine)", DeprecationWarning, stacklevel=3)
+    return sampler if sampler is not None else engine
 
 
 def _component_means(rollouts: list[Rollout]) -> dict[str, float]:
@@ -69,10 +79,10 @@ def completion_text(tokenizer: Any, completion: Completion) -> str:
 class RolloutBatchSource:
     """`await next_batch()` -> SAWBatch of `prompts_per_batch x group_size` scored completions (module docstring).
 
-    engine: the `rollout.sampler.Sampler` (`generate(prompts, sampling, seed=) -> [Completion]`, an int
-    `version`). The mean of each of the task's reward components (`task.components`: each function's
-    score of a `rewards.WeightedReward`, a reasoning-gym task's per-dataset score) over the sampled rollouts
-    is in the batch meta as `reward/<name>`.
+    sampler: the `rollout.sampler.Sampler` (`generate(prompts, sampling, seed=) -> [Completion]`, an int
+    `version`); `engine=` is its deprecated old name. The mean of each of the task's reward components
+    (`task.components`: each function's score of a `rewards.WeightedReward`, a reasoning-gym task's per-dataset
+    score) over the sampled rollouts is in the batch meta as `reward/<name>`.
     curriculum: optional NoPositiveResampling; its retired prompts leave the next epoch.
     chat_template: prompts through the tokenizer's chat template (None: whenever it has one), as
     `rollout.prompts.encode_prompt`; train SFT with the same choice (`prompts.sft_item`).
@@ -81,7 +91,7 @@ class RolloutBatchSource:
     def __init__(
         self,
         *,
-        engine: Sampler,
+        sampler: Sampler | None = None,
         task: PromptAnswerTask,
         tokenizer: Any,
         credit_assigner: CreditAssigner,
@@ -98,7 +108,9 @@ class RolloutBatchSource:
         rank: int = 0,
         world_size: int = 1,
         per_group_seeds: bool = False,
+        engine: Sampler | None = None,
     ):
+        sampler = _sampler_argument(sampler, engine)
         if prompts_per_batch < 1 or group_size < 1:
             raise ValueError(f"prompts_per_batch and group_size must be >= 1, got {prompts_per_batch}, {group_size}")
         if max_rounds < 1:
@@ -114,7 +126,7 @@ class RolloutBatchSource:
             if dynamic_sampling or curriculum is not None:
                 raise ValueError("dynamic_sampling and a curriculum decide from every group of a batch: they need "
                                  f"world_size == 1, got {world_size}")
-        self.engine, self.task, self.tokenizer = engine, task, tokenizer
+        self.sampler, self.task, self.tokenizer = sampler, task, tokenizer
         self.credit_assigner = credit_assigner
         self.prompts_per_batch, self.group_size = prompts_per_batch, group_size
         self.sampling, self.seed = sampling, seed
@@ -154,11 +166,11 @@ class RolloutBatchSource:
         one per group seeded by its place in the global batch (`per_group_seeds`)."""
         prompts = [encode_prompt(self.tokenizer, s["prompt"], chat_template=self.chat_template) for s in samples]
         if self.per_group_seeds:
-            return [self.engine.generate([p] * self.group_size, self.sampling,
+            return [self.sampler.generate([p] * self.group_size, self.sampling,
                                          seed=_mix_seed(self.seed, self.batches, round_idx, 3, g))
                     for p, g in zip(prompts, places)]
         flat = [p for p in prompts for _ in range(self.group_size)]
-        completions = self.engine.generate(flat, self.sampling, seed=_mix_seed(self.seed, self.batches, round_idx))
+        completions = self.sampler.generate(flat, self.sampling, seed=_mix_seed(self.seed, self.batches, round_idx))
         return [completions[g * self.group_size : (g + 1) * self.group_size] for g in range(len(samples))]
 
     def _sample_groups(self, samples: list[dict[str, Any]], round_idx: int) -> list[list[Rollout]]:
@@ -168,7 +180,7 @@ class RolloutBatchSource:
         rank_part = [self.rank] if self.world_size > 1 else []  # distinct group ids on each rank
         rng = random.Random(_mix_seed(self.seed, self.batches, round_idx, 1, *rank_part))
         completions = self._complete(samples, places, round_idx)
-        version = int(getattr(self.engine, "version", 0))
+        version = int(getattr(self.sampler, "version", 0))
         groups = []
         for g, sample in enumerate(samples):
             gid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
@@ -246,7 +258,7 @@ class RolloutBatchSource:
             "zero_variance_group_frac": tied / len(kept) if kept else 1.0,
             "zero_weight_frac": sum(i.weight == 0 for i in items) / len(items) if items else 1.0,
             "rollout_rounds": rounds,
-            "policy_version": int(getattr(self.engine, "version", 0)),
+            "policy_version": int(getattr(self.sampler, "version", 0)),
         }
         meta.update(_component_means(all_rollouts))
         return SAWBatch(items=items, meta=meta)
@@ -266,14 +278,14 @@ class Evaluator:
     Metrics: reward (mean), accuracy (fraction with reward >= 1), avg_completion_length,
     completion_truncated_rate, reward/<name> (the mean of each of the task's reward components), plus the
     given reducers over per-completion records `{"reward", "finish_reason", "completion_length",
-    "prompt_id"}`. `batch_size` completions are decoded together (the concurrency of the CPU/GPU engine).
-    `chat_template` as in RolloutBatchSource.
+    "prompt_id"}`. `batch_size` completions are decoded together (the concurrency of the CPU/GPU sampler).
+    `sampler` (`engine=`: its deprecated old name) and `chat_template` as in RolloutBatchSource.
     """
 
     def __init__(
         self,
         *,
-        engine: Any,
+        sampler: Sampler | None = None,
         task: PromptAnswerTask,
         tokenizer: Any,
         samples: list[dict[str, Any]] | None = None,
@@ -282,8 +294,9 @@ class Evaluator:
         reducers: Mapping[str, Reducer] | None = None,
         seed: int = 0,
         chat_template: bool | None = None,
+        engine: Sampler | None = None,
     ):
-        self.engine, self.task, self.tokenizer = engine, task, tokenizer
+        self.sampler, self.task, self.tokenizer = _sampler_argument(sampler, engine), task, tokenizer
         self.chat_template = resolve_chat_template(tokenizer, chat_template)
         self.samples = list(samples if samples is not None else (task.eval_samples or task.samples))
         if not self.samples:
@@ -297,7 +310,7 @@ class Evaluator:
         for start in range(0, len(self.samples), self.batch_size):
             chunk = self.samples[start : start + self.batch_size]
             prompts = [encode_prompt(self.tokenizer, s["prompt"], chat_template=self.chat_template) for s in chunk]
-            for s, c in zip(chunk, self.engine.generate(prompts, self.sampling, seed=_mix_seed(self.seed, start))):
+            for s, c in zip(chunk, self.sampler.generate(prompts, self.sampling, seed=_mix_seed(self.seed, start))):
                 text = completion_text(self.tokenizer, c)
                 records.append(
                     {

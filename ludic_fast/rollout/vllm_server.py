@@ -1,14 +1,14 @@
-"""Server mode: vLLM's OpenAI-compatible server as the rollout engine, started by the run (`VLLMServer`) or
-given by URL (`VLLMServerEngine(url, ...)`), with a weight-update path.
+"""Server mode: vLLM's OpenAI-compatible server as the rollout sampler, started by the run (`VLLMServer`) or
+given by URL (`VLLMServerSampler(url, ...)`), with a weight-update path.
 
 Sampling: one `/v1/completions` request per prompt (prompt token ids in, `return_token_ids`, `logprobs=0`),
-sent concurrently; request i of a call seeded with s carries seed `request_seed(s, i)`, as in VLLMEngine, so
+sent concurrently; request i of a call seeded with s carries seed `request_seed(s, i)`, as in VLLMSampler, so
 a GRPO group's copies are distinct samples and a call is reproducible. Sampling parameters the server could
 default from the model's generation config (top-k, top-p, min-p, penalties) are sent switched off, and
 behaviour logprobs are `log_softmax(z / T)` when the server runs with `--logprobs-mode processed_logprobs`
 (VLLMServer starts it so; a server given by URL must be).
 
-Weight update on one machine: `publish(params, version)` maps and checks the names as VLLMEngine does, writes
+Weight update on one machine: `publish(params, version)` maps and checks the names as VLLMSampler does, writes
 them to `<weights_dir>/v<version>/model.safetensors`, and asks the server to reload from there through vLLM's
 development endpoints (`/collective_rpc` with `reload_weights(weights_path=...)`, then `/reset_prefix_cache`;
 the server needs `VLLM_SERVER_DEV_MODE=1`, which VLLMServer sets, and must read `weights_dir`). Across
@@ -37,8 +37,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ludic_fast.rollout.engine import Completion, SamplingConfig, cut_at_eos
-from ludic_fast.rollout.vllm_engine import (
+from ludic_fast._deprecation import renamed_attributes
+from ludic_fast.rollout.sampler import Completion, SamplingConfig, cut_at_eos
+from ludic_fast.rollout.vllm_sampler import (
     check_generate_args,
     check_push_names,
     checkpoint_tensor_names,
@@ -61,7 +62,7 @@ def _request(url: str, body: dict[str, Any] | None = None, *, timeout: float) ->
     return json.loads(raw) if raw else None
 
 
-class VLLMServerEngine:
+class VLLMServerSampler:
     """`generate(prompts, sampling, seed)` and `publish(params, version)` against a running vLLM server.
 
     url: the server's base URL (http://host:port). checkpoint: the directory (or Hub name) of the checkpoint it
@@ -152,7 +153,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class VLLMServer:
     """vLLM's OpenAI-compatible server for `model`, started as a child process on `host`:`port` (default: a free
     port), with processed logprobs, the model's generation-config defaults off, the development endpoints on,
-    and on a CPU chunked prefill off (as VLLMEngine). `extra_args` are more `vllm serve` flags (`--dtype`,
+    and on a CPU chunked prefill off (as VLLMSampler). `extra_args` are more `vllm serve` flags (`--dtype`,
     `--max-model-len`, ...). Use as a context manager; `url` is its base URL; the log goes to `log_path`."""
 
     def __init__(
@@ -233,11 +234,11 @@ def server_flags(engine_args: Mapping[str, Any]) -> list[str]:
     return flags
 
 
-def server_engine(
+def server_sampler(
     model: str, *, url: str | None, eos_token_id: int | list[int], seed: int = 0,
     engine_args: Mapping[str, Any] | None = None,
-) -> VLLMServerEngine:
-    """A VLLMServerEngine on the server at `url`, or on a VLLMServer started here for `model` with `engine_args`
+) -> VLLMServerSampler:
+    """A VLLMServerSampler on the server at `url`, or on a VLLMServer started here for `model` with `engine_args`
     (kept as the engine's `server`, stopped when the process exits). `model`: the served checkpoint's folder."""
     server = None
     if url is None:
@@ -245,9 +246,12 @@ def server_engine(
         url = server.url
     elif engine_args:
         raise ValueError("engine_args: a server given by URL was started with its own engine arguments")
-    engine = VLLMServerEngine(url, eos_token_id=eos_token_id, checkpoint=model)
-    engine.server = server
-    return engine
+    sampler = VLLMServerSampler(url, eos_token_id=eos_token_id, checkpoint=model)
+    sampler.server = server
+    return sampler
 
 
-__all__ = ["VLLMServer", "VLLMServerEngine", "free_port", "server_engine", "server_flags"]
+__getattr__ = renamed_attributes(__name__, globals(),
+                                 {"VLLMServerEngine": "VLLMServerSampler", "server_engine": "server_sampler"})
+
+__all__ = ["VLLMServer", "VLLMServerSampler", "free_port", "server_sampler", "server_flags"]
