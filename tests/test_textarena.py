@@ -163,5 +163,9 @@ def test_demonstrations_bad_games_and_opponents():
         TextArenaEnv("TicTacToe-v0", player_id=2)
     with pytest.raises(ValueError, match="opponent 'nope'"):
         TextArenaEnv("TicTacToe-v0", opponent="nope")
+    short = TextArenaEnv("TicTacToe-v0", max_turns=2).demonstrations(3, seed=1)
+    assert [sum(m["role"] == "assistant" for m in d) for d in short] == [2, 2, 2]
+    with pytest.raises(ValueError, match="max_turns must be a positive int"):
+        TextArenaEnv("TicTacToe-v0", max_turns=0)
     second = TextArenaEnv("TicTacToe-v0", player_id=1)  # the opponent opens
     assert "[Player 0]" in second.reset(seed=3)[0]["content"]

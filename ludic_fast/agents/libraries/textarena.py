@@ -96,12 +96,16 @@ def _raw_id(game: str) -> str:
 class TextArenaEnv:
     """One textarena game per episode, the model as `player_id` against `opponent` (module docstring).
 
-    num_players: the game's player count (default: 1 when the game accepts one, else 2); game_kwargs go to
-    `textarena.make` (the game's options, e.g. max_turns)."""
+    num_players: the game's player count (default: 1 when the game accepts one, else 2); max_turns: the
+    model's moves per episode (the runner's limit when it sets none; demonstrations stop there too);
+    game_kwargs go to `textarena.make` (the game's own options)."""
 
     def __init__(self, game: str, *, opponent: str | Opponent = "random", player_id: int = 0,
-                 num_players: int | None = None, **game_kwargs: Any):
+                 num_players: int | None = None, max_turns: int | None = None, **game_kwargs: Any):
         _ta()
+        if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):
+            raise ValueError(f"max_turns must be a positive int, got {max_turns!r}")
+        self.max_turns = max_turns
         self.game_id, self.raw_id = game, _raw_id(game)
         self.opponent = _opponent(opponent)
         self.game_kwargs = game_kwargs
@@ -168,8 +172,8 @@ class TextArenaEnv:
                           info={"textarena": {**dict(info or {}), **mine}})
 
     def demonstrations(self, n: int, seed: int = 0) -> list[list[Message]]:
-        """n games on seeds drawn from `seed` with the model's moves made by the random legal-move policy: the
-        SFT warm-up's conversations (they teach the move format, not good play)."""
+        """n games on seeds drawn from `seed` with the model's moves made by the random legal-move policy (up to
+        max_turns moves): the SFT warm-up's conversations (they teach the move format, not good play)."""
         rng = random.Random(seed)
         out = []
         for _ in range(n):
@@ -180,16 +184,17 @@ class TextArenaEnv:
                 move = random_legal_move(messages[-1]["content"], mover)
                 messages.append({"role": "assistant", "content": move})
                 result = self.step(AssistantTurn(move, [], content=move))
-                if result.done:
+                if result.done or len(messages) // 2 == self.max_turns:
                     break
                 messages.extend(result.observations)
             out.append(messages)
         return out
 
 
-def make_env(game: str, opponent: str = "random", player_id: int = 0, **game_kwargs: Any) -> TextArenaEnv:
+def make_env(game: str, opponent: str = "random", player_id: int = 0, max_turns: int | None = None,
+             **game_kwargs: Any) -> TextArenaEnv:
     """The `--env` factory: `--env ludic_fast.agents.libraries.textarena:make_env --env-arg game=TicTacToe-v0`."""
-    return TextArenaEnv(game, opponent=opponent, player_id=player_id, **game_kwargs)
+    return TextArenaEnv(game, opponent=opponent, player_id=player_id, max_turns=max_turns, **game_kwargs)
 
 
 __all__ = ["OPPONENTS", "Opponent", "TextArenaEnv", "make_env", "random_legal_move", "render"]
