@@ -124,7 +124,8 @@ def main() -> None:
     ckpt = checkpoint_times(args.ckpt_hidden, args.repeats)
     for row in ckpt:
         print(row, flush=True)
-    meta = {"machine": f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()})",
+    meta = {"machine": f"CPU, {os.cpu_count()} cores ({platform.processor() or platform.machine()}), load average "
+                       f"{os.getloadavg()[0]:.1f} at the end",
             "torch": torch.__version__, "command": "python bench/distributed_cli.py " + " ".join(sys.argv[1:])}
     (out / "results.json").write_text(json.dumps({"meta": meta, "steps": steps, "checkpoints": ckpt}, indent=1))
     lines = [f"# Data-parallel CLI on {meta['machine']}, torch {meta['torch']}", "", f"`{meta['command']}`", "",
