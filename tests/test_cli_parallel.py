@@ -109,11 +109,12 @@ def test_offline_presets_on_two_ranks_equal_one_process(tmp_path, name, argv, mo
         torch.testing.assert_close(two["weight"], one["weight"], rtol=0, atol=0.1 * LR * 2)
 
 
-@pytest.mark.parametrize("name, argv", [("rl", RL), ("sft", SFT)])
-def test_rl_and_sft_on_two_ranks_equal_one_rank(tmp_path, name, argv):
-    """RL: each rank samples its groups (each under its own seed) and trains them; SFT: each rank its share."""
+@pytest.mark.parametrize("name, argv, mode", [("rl", RL, "fsdp2"), ("sft", SFT, "ddp")])
+def test_rl_and_sft_on_two_ranks_equal_one_rank(tmp_path, name, argv, mode):
+    """RL: each rank samples its groups (each under its own seed; under FSDP2 from the gathered parameters) and
+    trains them; SFT: each rank its share."""
     assert launch([*argv, "--output-dir", str(tmp_path / "one")], 1) == [0]
-    assert launch([*argv, "--output-dir", str(tmp_path / "two")], 2) == [0, 0]
+    assert launch([*argv, "--output-dir", str(tmp_path / "two")], 2, parallel=mode) == [0, 0]
     assert_same_weights(tmp_path / "one", tmp_path / "two")
     assert_same_grad_norms(tmp_path / "one", tmp_path / "two")
 

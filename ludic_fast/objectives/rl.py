@@ -105,8 +105,8 @@ class RLObjective:
         #: the head temperature of the current step (`step_temperature`)
         self.temperature = 1.0 if self.config.temperature is None else self.config.temperature
         self._warned_temperature = False
-        #: whether next_batch samples from the policy (a rollout source with an engine): FSDP2 gathers for it
-        self.samples_policy = hasattr(batch_source, "engine")
+        #: whether next_batch samples from the policy (a rollout source with a sampler): FSDP2 gathers for it
+        self.samples_policy = hasattr(batch_source, "sampler")
 
     def frozen_models(self) -> list[nn.Module]:
         return [] if self.ref_model is None else [self.ref_model]
