@@ -20,11 +20,12 @@ from .tma import descriptor
 
 #: Launch configurations per (input element size, architecture family), for N > SMALL_N tokens. bf16/fp16
 #: use tensor cores (wgmma on sm_90, mma.sync on sm_80); fp32 uses exact "ieee" FMA dots with smaller tiles.
-#: Every entry compiles spill-free for its architecture with every feature on and off (triton 3.9 AOT,
-#: `bench/kernel_report.py`). On an H100, BLOCK 128x128x64 / 8 warps / 4 stages ran the anchor forward
-#: (N=8192 D=4096 V=151936, bf16) in 22-25 ms against 30.0 ms for 128x128x32 / 4 stages; 128x256x64 /
-#: 3 stages ran 17.3 ms but spills 220-700 bytes per thread in its epilogue on sm_90, so it is not a default.
-#: sm_80 bf16 runs 3 stages: with the entropy kept relative to the row maximum, 4 spill 4 bytes (unmeasured).
+#: Every entry compiles spill-free for its architecture with every feature on and off (triton 3.6 and 3.9 AOT,
+#: `tests/test_kernel_compile.py`, `bench/kernel_report.py`). On an H100, BLOCK 128x128x64 / 8 warps / 4 stages
+#: ran the anchor forward (N=8192 D=4096 V=151936, bf16) in 22-25 ms against 30.0 ms for 128x128x32 / 4 stages;
+#: 128x256x64 / 3 stages ran 17.3 ms but spills 220-700 bytes per thread in its epilogue on sm_90, so it is not
+#: a default.
+#: sm_80 bf16 runs 3 stages: 4 spilled 4 bytes with the argmax epilogue of the time (speed unmeasured).
 CONFIGS = {
     (2, 90): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4},
     (2, 80): {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 3},
