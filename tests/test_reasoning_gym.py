@@ -16,7 +16,8 @@ from ludic_fast.agents.libraries.reasoning_gym import reasoning_gym_task  # noqa
 from ludic_fast.data.credit import GroupNormalizedReturn  # noqa: E402
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model  # noqa: E402
 from ludic_fast.embedded.tokenizer import ASCII_CHARACTERS  # noqa: E402
-from ludic_fast.rollout.engine import Completion, HFGenerateEngine, SamplingConfig  # noqa: E402
+from ludic_fast.rollout.hf_sampler import HFSampler  # noqa: E402
+from ludic_fast.rollout.sampler import Completion, SamplingConfig  # noqa: E402
 from ludic_fast.rollout.sources import Evaluator, RolloutBatchSource  # noqa: E402
 
 TOK = build_char_tokenizer(ASCII_CHARACTERS)
@@ -32,7 +33,7 @@ def variants(answer: str) -> list[str]:
 @pytest.fixture(scope="module")
 def engine():
     model = build_tiny_model(len(TOK), max_position_embeddings=512, seed=3)
-    return HFGenerateEngine(model, pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id)
+    return HFSampler(model, pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id)
 
 
 def sampled(engine, task, n: int = 6) -> list[str]:
@@ -137,7 +138,7 @@ class AnswerFirstHalf:
 def test_per_dataset_score_is_logged_in_batches_and_evaluation():
     task = reasoning_gym_task("spell_backward,chain_sum", seed=0, size=8, eval_size=6, prompt="plain")
     engine = AnswerFirstHalf(task)
-    source = RolloutBatchSource(engine=engine, task=task, tokenizer=TOK, chat_template=False,
+    source = RolloutBatchSource(sampler=engine, task=task, tokenizer=TOK, chat_template=False,
                                 credit_assigner=GroupNormalizedReturn(2), prompts_per_batch=8, group_size=2,
                                 sampling=SamplingConfig(max_new_tokens=32))
     batch = asyncio.run(source.next_batch())
@@ -149,7 +150,7 @@ def test_per_dataset_score_is_logged_in_batches_and_evaluation():
     assert names == ["rg/chain_sum", "rg/spell_backward"]
     for n in names:  # half the completions right (1), half "?" (0 under both scorers)
         assert batch.meta[f"reward/{n}"] == pytest.approx(sum(by_task[n]) / len(by_task[n])) == pytest.approx(0.5)
-    metrics = Evaluator(engine=engine, task=task, tokenizer=TOK, chat_template=False).evaluate()
+    metrics = Evaluator(sampler=engine, task=task, tokenizer=TOK, chat_template=False).evaluate()
     evals = task.eval_samples
     for n in names:
         rows = [i for i, s in enumerate(evals) if f"rg/{s['task']}" == n]

@@ -16,7 +16,7 @@ from ludic_fast.agents.libraries.textarena import TextArenaEnv, make_env, random
 from ludic_fast.agents.protocol import AssistantTurn  # noqa: E402
 from ludic_fast.data.credit import EpisodicReturn  # noqa: E402
 from ludic_fast.embedded.tokenizer import ASCII_CHARACTERS, build_char_tokenizer  # noqa: E402
-from ludic_fast.rollout.engine import Completion  # noqa: E402
+from ludic_fast.rollout.sampler import Completion  # noqa: E402
 
 TOK = build_char_tokenizer(ASCII_CHARACTERS)
 
