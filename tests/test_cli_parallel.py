@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from ludic_fast.cli import main as cli_main
 from ludic_fast.run.loggers import read_jsonl
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)  # 2-3 launches of 1-2 ranks each; a busy 2-core machine
 LR = 3e-3
 TINY = ["--model", "embedded", "--seed", "3", "--logger", "none", "--no-plot", "--lr", str(LR), "--threads", "1"]
 RL = [*TINY, "--preset", "grpo", "--sft-steps", "0", "--rl-steps", "2", "--prompts-per-batch", "4",
@@ -59,7 +59,7 @@ def launch(argv: list[str], world: int, *, parallel: str | None = "ddp", on_star
     if on_start is not None:
         on_start(procs)
     for p in procs:
-        p.join(100)
+        p.join(240)
     return [p.exitcode for p in procs]
 
 
