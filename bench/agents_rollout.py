@@ -2,7 +2,7 @@
 multi-turn batch beside a single-turn batch of the same token count.
 
 Rollouts: `--episodes` episodes of an embedded environment (`--env embedded-guess` or `embedded-calc`) played by
-`EpisodeRunner` with the transformers engine (`--engine hf`) or vLLM in-process (`--engine vllm`, needs vLLM's
+`EpisodeRunner` with the transformers sampler (`--sampler hf`) or vLLM in-process (`--sampler vllm`, needs vLLM's
 CPU build: .venv-vllm), the embedded tiny Llama (random init, seeded, `--lm-head-scale` sharpens it) warmed up
 with `--sft-steps` SFT steps on the environment's demonstrations so episodes run several turns. One warm-up
 call, then `--repeats` timed calls: episodes/s, sampled tokens/s (action tokens) and all tokens/s (the whole
@@ -14,7 +14,7 @@ lengths as (b), each with one prompt then one completion holding as many action 
 after a warm-up, median and min-max.
 
     python bench/agents_rollout.py                            # transformers, embedded-guess
-    .venv-vllm/bin/python bench/agents_rollout.py --engine vllm
+    .venv-vllm/bin/python bench/agents_rollout.py --sampler vllm
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from ludic_fast.trainer import Trainer, TrainerConfig
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="embedded-guess", choices=ENVS.names())
-    p.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    p.add_argument("--sampler", default="hf", choices=["hf", "vllm"])
     p.add_argument("--episodes", type=int, default=128)
     p.add_argument("--max-new-tokens", type=int, default=4)
     p.add_argument("--max-episode-tokens", type=int, default=256)
@@ -129,18 +129,18 @@ def main(argv: list[str] | None = None) -> None:
     limits = EpisodeLimits(max_tokens=args.max_episode_tokens, max_new_tokens=args.max_new_tokens)
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.max_new_tokens)
     tmp = None
-    if args.engine == "vllm":
+    if args.sampler == "vllm":
         from ludic_fast.rollout.vllm_sampler import VLLMSampler
 
         tmp = tempfile.TemporaryDirectory()
         model.save_pretrained(tmp.name)
         tok.save_pretrained(tmp.name)
-        engine = VLLMSampler(tmp.name, eos_token_id=tok.eos_token_id, seed=0, dtype="float32",
+        sampler = VLLMSampler(tmp.name, eos_token_id=tok.eos_token_id, seed=0, dtype="float32",
                             max_model_len=args.max_episode_tokens, enforce_eager=True,
                             kv_cache_memory_bytes=256 << 20)
     else:
-        engine = HFSampler(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    runner = EpisodeRunner(engine, tok, sampling=sampling, limits=limits)
+        sampler = HFSampler(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    runner = EpisodeRunner(sampler, tok, sampling=sampling, limits=limits)
     env_cls = ENVS[args.env].factory
 
     def play(seed: int):
@@ -157,15 +157,15 @@ def main(argv: list[str] | None = None) -> None:
         act_s.append(sum(sum(e.tokens.action_mask) for e in episodes) / dt)
         all_s.append(sum(len(e.tokens.ids) for e in episodes) / dt)
         turns.append(statistics.mean(e.turns for e in episodes))
-    print(f"{args.env}, {args.episodes} episodes per call, <= {args.max_new_tokens} tokens per turn, engine "
-          f"{args.engine}, torch threads {torch.get_num_threads()}; turns per episode {statistics.mean(turns):.2f}")
+    print(f"{args.env}, {args.episodes} episodes per call, <= {args.max_new_tokens} tokens per turn, sampler "
+          f"{args.sampler}, torch threads {torch.get_num_threads()}; turns per episode {statistics.mean(turns):.2f}")
     print("| rollouts | median (min-max) |")
     print("|---|---:|")
     print(f"| episodes/s | {spread(eps_s)} |")
     print(f"| sampled tokens/s | {spread(act_s)} |")
     print(f"| all tokens/s | {spread(all_s)} |")
     if tmp is not None:
-        del engine
+        del sampler
         tmp.cleanup()
     model.train()
     per_step = episode_items(episodes, EpisodicReturn(), per="step")

@@ -32,7 +32,7 @@ from ludic_fast.data.credit import (
 )
 from ludic_fast.embedded.tokenizer import ASCII_CHARACTERS, build_char_tokenizer
 from ludic_fast.losses import CISPOLoss
-from ludic_fast.rollout.engine import Completion
+from ludic_fast.rollout.sampler import Completion
 
 #: a template with a system prompt and tools that strips the reasoning of assistant turns before the last
 #: user message (as Qwen3's does), and writes "\n" after each assistant turn's <eos>

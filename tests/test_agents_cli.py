@@ -14,7 +14,7 @@ from ludic_fast.agents.episode import ChatTokens, demonstration_tokens
 from ludic_fast.agents.tools import as_tools
 from ludic_fast.cli import train as train_cli
 from ludic_fast.embedded.tokenizer import ASCII_CHARACTERS, build_char_tokenizer
-from ludic_fast.rollout.engine import Completion
+from ludic_fast.rollout.sampler import Completion
 from ludic_fast.run.loggers import read_jsonl
 
 

@@ -1,4 +1,4 @@
-"""`ludic-fast train --env --engine vllm | vllm-server`: multi-turn episodes sampled by vLLM, in-process or its
+"""`ludic-fast train --env --sampler vllm | vllm-server`: multi-turn episodes sampled by vLLM, in-process or its
 server (token ids in, token ids and log-probs out, the sequence built turn by turn) train on-policy: the
 trainer's log-probs of the sampled tokens equal vLLM's, so the ratio is 1 and the actor-policy KL 0 at the
 first step (and every later one, the weights being pushed after each)."""
@@ -19,7 +19,7 @@ def test_multi_turn_episodes_with_vllm_train_on_policy(tmp_path, engine):
     needs_vllm()
     out = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "ludic_fast.cli", "train", "--env", "embedded-guess", "--engine", engine,
+        sys.executable, "-m", "ludic_fast.cli", "train", "--env", "embedded-guess", "--sampler", engine,
         "--vllm-arg", "enforce_eager=true", "--vllm-arg", f"kv_cache_memory_bytes={64 << 20}",
         "--output-dir", str(out), "--logger", "print", "--no-plot", "--sft-steps", "30", "--rl-steps", "3",
         "--prompts-per-batch", "8", "--group-size", "4", "--eval-every", "0", "--max-new-tokens", "3",
