@@ -16,9 +16,9 @@ import torch
 from ludic_fast.algorithm import make_cispo, make_sft
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
 from ludic_fast.rollout import (
+    DatasetBatchSource,
     Evaluator,
     HFSampler,
-    OfflineBatchSource,
     RolloutBatchSource,
     SamplingConfig,
     embedded_default_task,
@@ -45,7 +45,7 @@ def main() -> None:
              for s in task.samples]
     sft = Trainer(
         model=model, algo=make_sft(length_normalize=True),
-        batch_source=OfflineBatchSource.from_chat(chats, tok, batch_size=64, seed=args.seed),
+        batch_source=DatasetBatchSource.from_chat(chats, tok, batch_size=64, seed=args.seed),
         cfg=TrainerConfig(model_device="cpu", pad_token_id=tok, lr=3e-3, weight_decay=0.0, sync_every_steps=0,
                           max_seq_len=64, micro_token_budget=4096),
         train_logger=PrintLogger(prefix="[sft]", keys=["train/loss"]),

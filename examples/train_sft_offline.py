@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ludic_fast.algorithm import make_sft
-from ludic_fast.rollout import OfflineBatchSource
+from ludic_fast.rollout import DatasetBatchSource
 from ludic_fast.run.checkpoint import CheckpointConfig
 from ludic_fast.run.loggers import PrintLogger
 from ludic_fast.trainer import Trainer, TrainerConfig
@@ -35,7 +35,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
     trainer = Trainer(
         model=model, algo=make_sft(length_normalize=True),
-        batch_source=OfflineBatchSource.from_chat_jsonl(args.data, tok, batch_size=args.batch_size),
+        batch_source=DatasetBatchSource.from_chat_jsonl(args.data, tok, batch_size=args.batch_size),
         cfg=TrainerConfig(pad_token_id=tok, lr=args.lr, sync_every_steps=0, lr_scheduler="cosine",
                           warmup_steps=max(1, args.steps // 20), total_steps=args.steps, gradient_checkpointing=True),
         checkpoint_config=CheckpointConfig(args.out, every_n_steps=max(1, args.steps // 10)),

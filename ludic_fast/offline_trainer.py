@@ -24,9 +24,9 @@ from torch import nn
 from ludic_fast.engine.config import EngineConfig
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.engine.trainer import Engine
+from ludic_fast.objectives.dataset import DatasetObjective
 from ludic_fast.objectives.distill import DistillObjective
 from ludic_fast.objectives.logps import reference_logps
-from ludic_fast.objectives.offline import OfflineObjective
 from ludic_fast.objectives.preference import PreferenceObjective
 from ludic_fast.objectives.reward import RewardObjective
 from ludic_fast.run.checkpoint import CheckpointConfig
@@ -104,7 +104,7 @@ class OfflineTrainer(Engine):
     runs the steps left up to `cfg.steps` and returns their records. resume_from: a step (int or digit
     string), a checkpoint path, or "latest"."""
 
-    def __init__(self, model: nn.Module, objective: OfflineObjective, examples: Sequence[Any], cfg: OfflineConfig,
+    def __init__(self, model: nn.Module, objective: DatasetObjective, examples: Sequence[Any], cfg: OfflineConfig,
                  logger: Any = None, checkpoint_config: CheckpointConfig | None = None,
                  resume_from: int | str | None = None):
         self.offline_cfg = cfg

@@ -221,3 +221,22 @@ def test_the_samplers_old_names_and_paths_still_work_with_a_deprecation_warning(
         assert RolloutBatchSource(engine="S", **args).sampler == "S"
     with pytest.raises(TypeError, match="exactly once"):
         RolloutBatchSource(sampler="S", engine="S", **args)
+
+
+def test_the_offline_modules_old_paths_and_names_still_work_with_a_deprecation_warning():
+    import importlib
+    import sys
+
+    from ludic_fast.cli import dataset_presets
+    from ludic_fast.objectives import dataset
+    from ludic_fast.rollout import dataset_source
+
+    for old, new in [("ludic_fast.rollout.offline", dataset_source), ("ludic_fast.objectives.offline", dataset),
+                     ("ludic_fast.cli.offline", dataset_presets)]:
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=f"{old} is deprecated"):
+            assert importlib.import_module(old) is new
+    with pytest.warns(DeprecationWarning, match="OfflineBatchSource is deprecated"):
+        assert dataset_source.OfflineBatchSource is dataset_source.DatasetBatchSource
+    with pytest.warns(DeprecationWarning, match="OfflineObjective is deprecated"):
+        assert dataset.OfflineObjective is dataset.DatasetObjective

@@ -47,7 +47,7 @@ MODULES = [
     ("ludic_fast.objectives.preference", "the preference objectives (DPO family, KTO)"),
     ("ludic_fast.objectives.reward", "the reward-model objective"),
     ("ludic_fast.objectives.distill", "the distillation objective (off- and on-policy)"),
-    ("ludic_fast.objectives.offline", "what the offline objectives share: example stream, token-budget split"),
+    ("ludic_fast.objectives.dataset", "what the dataset (offline) objectives share: example stream, token split"),
     ("ludic_fast.engine.memory_estimate", "the peak-memory estimate of a training step"),
     ("ludic_fast.run.checkpoint", "atomic safetensors checkpoints"),
     ("ludic_fast.run.sharded_checkpoint", "sharded (torch.distributed.checkpoint) checkpoints, HF export"),

@@ -53,7 +53,7 @@ def check_launch(args: argparse.Namespace) -> None:
     if args.engine != "hf":
         raise UsageError(f"--sampler {args.engine} with --parallel: only the in-process transformers sampler (hf) "
                          "samples on every rank")
-    from ludic_fast.cli.offline import OFFLINE_PRESETS
+    from ludic_fast.cli.dataset_presets import OFFLINE_PRESETS
 
     offline = args.preset in OFFLINE_PRESETS
     used = [("pref_batch_size", offline), ("sft_batch_size", not offline and args.sft_steps > 0),

@@ -4,7 +4,7 @@ A record says what the preset is (`kind`: rl, preference, reward, distill), how 
 from the parsed flags (`build(args, inputs)`: an `RLAlgorithm` for an RL preset, the `Objective` of an
 offline one), the data it reads, the flags it reads beyond the trainer flags every preset reads, its
 headline metric and one line of help. The CLI's `--preset` choices, its `--help`, the flag-scope check
-(`cli/preset_flags.py`), the offline dispatch (`cli/offline.py`) and the docs' preset tables
+(`cli/preset_flags.py`), the dataset presets' dispatch (`cli/dataset_presets.py`) and the docs' preset tables
 (`tools/gen_registry_docs.py`) are derived from these records.
 
 Adding a preset: its loss / algorithm where losses live, then one `PRESETS.add(Preset(...))` here.

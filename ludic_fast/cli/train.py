@@ -41,8 +41,8 @@ import torch
 
 from ludic_fast import algorithm as presets
 from ludic_fast.cli import env_train, parallel
-from ludic_fast.cli.offline import add_arguments as add_offline_arguments
-from ludic_fast.cli.offline import main as offline_main
+from ludic_fast.cli.dataset_presets import add_arguments as add_offline_arguments
+from ludic_fast.cli.dataset_presets import main as offline_main
 from ludic_fast.cli.preset_builders import BuildInputs
 from ludic_fast.cli.preset_flags import check_flag_scope
 from ludic_fast.cli.presets import PRESETS as PRESET_RECORDS
@@ -76,8 +76,8 @@ from ludic_fast.engine.guard import NonFiniteError
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.ops.budget import parse_memory_budget
 from ludic_fast.rollout import (
+    DatasetBatchSource,
     Evaluator,
-    OfflineBatchSource,
     PromptAnswerTask,
     RolloutBatchSource,
     SamplingConfig,
@@ -365,7 +365,7 @@ def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: Pr
     """SFT warm-up on --sft-data, else on the task's training answers in the rollouts' prompt format; returns
     the model (stopped early when `stop` is requested)."""
     if args.sft_data:
-        source = OfflineBatchSource.from_chat_jsonl(args.sft_data, tok, batch_size=args.sft_batch_size, seed=args.seed,
+        source = DatasetBatchSource.from_chat_jsonl(args.sft_data, tok, batch_size=args.sft_batch_size, seed=args.seed,
                                                     rank=0, world_size=1)
     else:
         if args.env:
@@ -373,7 +373,7 @@ def run_sft(args: argparse.Namespace, model: torch.nn.Module, tok: Any, task: Pr
         else:
             chat = resolve_chat_template(tok, args.chat_template)
             items = [sft_item(tok, s["prompt"], s["answer"], chat_template=chat) for s in task.samples]
-        source = OfflineBatchSource(items, batch_size=args.sft_batch_size, seed=args.seed, rank=0, world_size=1)
+        source = DatasetBatchSource(items, batch_size=args.sft_batch_size, seed=args.seed, rank=0, world_size=1)
     if getattr(args, "world_size", 1) > 1:  # the global batches, this rank's share of each
         source = RankShareSource(source, args.rank, args.world_size)
     ckpt = checkpoint_config(args, "sft")

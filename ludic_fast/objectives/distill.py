@@ -19,12 +19,12 @@ from ludic_fast.distributed.launch import unwrap
 from ludic_fast.engine.config import head_options
 from ludic_fast.engine.objective import EngineView
 from ludic_fast.integrations.transformers import LMHead
-from ludic_fast.objectives.offline import OfflineObjective
+from ludic_fast.objectives.dataset import DatasetObjective
 from ludic_fast.ops.divergence import linear_divergence
 from ludic_fast.token_batch import TokenBatch
 
 
-class DistillObjective(OfflineObjective):
+class DistillObjective(DatasetObjective):
     """Examples are (prompt ids, completion ids); `kind` forward_kl | reverse_kl | jsd (mixture `beta`),
     `temperature`, `hard_weight` (the hard-label CE's weight); on-policy samples of up to `max_new_tokens`."""
 

@@ -22,11 +22,11 @@ from ludic_fast.engine.config import head_options
 from ludic_fast.engine.objective import EngineView
 from ludic_fast.integrations.transformers import LMHead
 from ludic_fast.losses import KTOLoss
+from ludic_fast.objectives.dataset import DatasetObjective
 from ludic_fast.objectives.logps import action_logps, reference_logps
-from ludic_fast.objectives.offline import OfflineObjective
 
 
-class PreferenceObjective(OfflineObjective):
+class PreferenceObjective(DatasetObjective):
     """`loss_fn` (a `ludic_fast.losses` preference loss) on pairs, or on KTO examples for `KTOLoss`; `ref_model`:
     a frozen copy of the initial policy, required by the losses with `uses_reference`."""
 

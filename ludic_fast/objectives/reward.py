@@ -11,10 +11,10 @@ from ludic_fast.data.pair_batching import PreferencePair, collate_pairs
 from ludic_fast.engine.objective import EngineView
 from ludic_fast.integrations.transformers import LMHead
 from ludic_fast.losses import BradleyTerryLoss
-from ludic_fast.objectives.offline import OfflineObjective
+from ludic_fast.objectives.dataset import DatasetObjective
 
 
-class RewardObjective(OfflineObjective):
+class RewardObjective(DatasetObjective):
     name = "reward"
 
     def __init__(self, value_head: nn.Linear, loss_fn: BradleyTerryLoss | None = None):

@@ -1,10 +1,11 @@
 """Rollouts: samplers (the `Sampler` protocol and the `SAMPLERS` registry: transformers `generate`; vLLM
 in-process or its OpenAI server, imported lazily), tasks and rewards (the `REWARD_FUNCS` registry), batch
-sources (RolloutBatchSource with GRPO groups and DAPO dynamic sampling, OfflineBatchSource) and the eval loop."""
+sources (RolloutBatchSource with GRPO groups and DAPO dynamic sampling; DatasetBatchSource of recorded
+rollouts and chat SFT data) and the eval loop."""
 
 from ludic_fast._deprecation import renamed_attributes
+from ludic_fast.rollout.dataset_source import DatasetBatchSource, chat_item
 from ludic_fast.rollout.hf_sampler import HFSampler
-from ludic_fast.rollout.offline import OfflineBatchSource, chat_item
 from ludic_fast.rollout.prompts import encode_prompt, resolve_chat_template, sft_item
 from ludic_fast.rollout.rewards import (
     REWARD_FUNCS,
@@ -30,7 +31,8 @@ from ludic_fast.rollout.vllm_server import VLLMServer, VLLMServerSampler
 
 #: the samplers' old names (they were called engines; the engine is the trainer's, ludic_fast.engine)
 __getattr__ = renamed_attributes(__name__, globals(), {"HFGenerateEngine": "HFSampler", "VLLMEngine": "VLLMSampler",
-                                                       "VLLMServerEngine": "VLLMServerSampler"})
+                                                       "VLLMServerEngine": "VLLMServerSampler",
+                                                       "OfflineBatchSource": "DatasetBatchSource"})
 
 __all__ = [
     "Sampler",
@@ -48,7 +50,7 @@ __all__ = [
     "VLLMServerSampler",
     "vllm_weight_name",
     "map_weights_for_vllm",
-    "OfflineBatchSource",
+    "DatasetBatchSource",
     "chat_item",
     "encode_prompt",
     "resolve_chat_template",

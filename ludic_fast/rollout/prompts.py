@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ludic_fast.data.types import SAWItem
-from ludic_fast.rollout.offline import _template_ids, chat_item
+from ludic_fast.rollout.dataset_source import _template_ids, chat_item
 
 
 def has_chat_template(tokenizer: Any) -> bool:
