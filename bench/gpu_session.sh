@@ -171,7 +171,7 @@ for call in "${CALLS[@]}"; do
     mkdir -p "$OUT"
     LOG=$RESULTS/session-$call.log
     : >"$LOG"
-    start=$SECONDS
+    start=$SECONDS call_status=0  # this call's; $status: the whole session's (the exit status)
     mapfile -t plan < <("$PY" bench/gpu_plan.py seconds "$call")
     call_seconds=$((${CALL_SECONDS:-${plan[0]#call }} * TIME_SCALE))
     say "$call: ${call_seconds}s in all$( ((TINY)) && echo ', REHEARSAL on the CPU at tiny shapes')"
@@ -184,7 +184,7 @@ for call in "${CALLS[@]}"; do
         left=$((call_seconds - (SECONDS - start)))
         if ((left < MIN_STAGE_SECONDS)); then
             say "stage $stage skipped: ${left}s of the call's ${call_seconds}s left"
-            status=1
+            call_status=1
             continue
         fi
         secs=$((given < left ? given : left))
@@ -194,10 +194,11 @@ for call in "${CALLS[@]}"; do
         rc=$?
         set -e
         say "stage $stage: ${secs}s given, $((SECONDS - t0))s taken, status $rc"
-        ((rc == 0)) || status=1
+        ((rc == 0)) || call_status=1
         tar -czf "$OUT/results-$call.tar.gz" --exclude='./out*' -C "$RESULTS" . 2>/dev/null || true
     done
-    say "$call done in $((SECONDS - start))s, status $status"
+    say "$call done in $((SECONDS - start))s, status $call_status"
+    ((call_status == 0)) || status=1
     cp "$LOG" "$OUT/"
 done
 exit "$status"
