@@ -44,13 +44,13 @@ def _max_diff(model, completions, temperature: float) -> float:
 
 def test_server_samples_distinct_reproducible_groups_with_the_models_logprobs(server):
     engine, model, prompts = server
-    group = [[7, 14]] * 8  # "3+": an uncertain continuation (see test_vllm_engine)
-    sampling = SamplingConfig(temperature=1.5, max_new_tokens=12)
+    group = [[7, 14]] * 8  # "3+": an uncertain continuation at T = 2 (see test_vllm_engine)
+    sampling = SamplingConfig(temperature=2.0, max_new_tokens=12)
     first, again = engine.generate(group, sampling, seed=11), engine.generate(group, sampling, seed=11)
     texts = [tuple(c.completion_ids) for c in first]
     assert len(set(texts)) >= 5, texts
     assert texts == [tuple(c.completion_ids) for c in again]
-    assert _max_diff(model, first, 1.5) < TOL
+    assert _max_diff(model, first, 2.0) < TOL
     greedy = engine.generate(prompts[:8], SamplingConfig(temperature=0.0, max_new_tokens=8))
     assert {c.finish_reason for c in greedy} == {"stop"} and all(c.completion_ids[-1] == EOS for c in greedy)
     assert _max_diff(model, greedy, 1.0) < TOL
