@@ -140,16 +140,21 @@ def test_packed_reference_model_logps_equal_padded():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_flex_attention_forward_on_cpu_equals_padded(arch):
-    """Flex attention runs forward-only on CPU (no backward there): the BlockMask path gives the padded logits."""
+    """Flex attention runs forward-only on CPU (no backward there): the BlockMask path gives the padded hidden
+    states of the same weights under SDPA. (The padded reference is not flex itself: transformers 5.24's padded
+    flex path on CPU returns NaN rows for right-padded batches, which the packed BlockMask path does not.)"""
     torch._dynamo.reset()  # a recompile for a second shape hits an Inductor CPU codegen bug (dynamic shapes)
     items = make_items(4, seed=5)
     padded, packed = _batches(items)
     model = _model(arch, "flex_attention").eval()
+    reference = _model(arch, "sdpa").eval()
+    reference.load_state_dict(model.state_dict())
     packing = resolve_packed_attention(model, device="cpu", training=False)
     assert packing.path == "flex"
     with torch.no_grad():
         h_packed = final_hidden_states(model, **packing.model_inputs(packed))[0]
-        h_padded = final_hidden_states(model, input_ids=padded["input_ids"], attention_mask=padded["attention_mask"])
+        h_padded = final_hidden_states(reference, input_ids=padded["input_ids"],
+                                       attention_mask=padded["attention_mask"])
     cu = packed["cu_seqlens"].tolist()
     for b in range(len(items)):
         torch.testing.assert_close(h_packed[cu[b]:cu[b + 1]], h_padded[b, :cu[b + 1] - cu[b]], rtol=1e-5, atol=1e-5)
