@@ -140,10 +140,11 @@ def test_rollout_source_follows_the_sampling_flags():
         ["--preset", "dapo", "--tie-jitter", "0.1", "--max-rounds", "3", "--device", "cpu"]
     )
     tok, task = train_cli.prepare(args, "train")
-    source = train_cli.build_rollout_source(args, None, tok, task, train_cli.make_algorithm(args))
+    no_sampling = object()  # a stand-in sampler: the source is built and inspected, never asked to sample
+    source = train_cli.build_rollout_source(args, no_sampling, tok, task, train_cli.make_algorithm(args))
     assert (source.dynamic_sampling, source.max_rounds, source.tie_jitter) == (True, 3, 0.1)
     args = train_cli.build_parser("x").parse_args(["--preset", "scalerl", "--device", "cpu"])
     tok, task = train_cli.prepare(args, "train")
     algo = train_cli.make_algorithm(args)
-    source = train_cli.build_rollout_source(args, None, tok, task, algo)
+    source = train_cli.build_rollout_source(args, no_sampling, tok, task, algo)
     assert not source.dynamic_sampling and source.curriculum is algo.curriculum is not None
