@@ -74,7 +74,7 @@ def _load_worker(rank: int, world: int, mode: str, out: str) -> None:
     opt = _train_once(wrapped, head)  # states exist, then are overwritten
     state = ShardedCheckpointManager(CheckpointConfig(out), extra=list(head.parameters())).load(wrapped, opt)
     assert state["step"] == 3 and state["data"] == [1, 2]
-    expected = torch.load(f"{out}/expected.pt")
+    expected = torch.load(f"{out}/expected.pt", weights_only=True)
     got = _flat_state(model, head, opt)
     assert got.keys() == expected.keys()
     for k in expected:
@@ -85,8 +85,9 @@ def _load_worker(rank: int, world: int, mode: str, out: str) -> None:
 @pytest.mark.parametrize("mode", ["fsdp2", "ddp"])
 def test_two_ranks_save_one_process_loads(tmp_path, mode):
     run_local_group(_save_worker, 2, mode, str(tmp_path), start_method="fork")
-    expected = torch.load(tmp_path / "expected_rank0.pt")
-    for k, v in torch.load(tmp_path / "expected_rank1.pt").items():  # both ranks hold the same whole state
+    expected = torch.load(tmp_path / "expected_rank0.pt", weights_only=True)
+    # both ranks hold the same whole state
+    for k, v in torch.load(tmp_path / "expected_rank1.pt", weights_only=True).items():
         torch.testing.assert_close(v, expected[k], rtol=0, atol=0)
     ckpt = tmp_path / "step_000003"
     assert json.loads((ckpt / "trainer_state.json").read_text())["world_size"] == 2
