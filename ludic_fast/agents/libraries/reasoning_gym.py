@@ -23,20 +23,16 @@ each dataset with its default configuration); its scorer dispatches on the item'
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any
 
+from ludic_fast.agents.libraries import import_library
 from ludic_fast.rollout.tasks import PromptAnswerTask
 
 PROMPTS = ("tags", "plain")
 
 
 def _rg() -> Any:
-    try:
-        return importlib.import_module("reasoning_gym")
-    except ImportError as exc:
-        raise ImportError(f"reasoning-gym tasks need the reasoning-gym package: pip install "
-                          f"'ludic-fast[reasoning-gym]' ({exc})") from None
+    return import_library("reasoning_gym", "reasoning-gym", "reasoning-gym tasks")
 
 
 def dataset_names() -> list[str]:

@@ -21,13 +21,13 @@ lock (episodes run in threads): a seed gives the same game whatever else runs.
 
 from __future__ import annotations
 
-import importlib
 import random
 import re
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from ludic_fast.agents.libraries import import_library
 from ludic_fast.agents.protocol import AssistantTurn, Message, StepResult
 
 _LOCK = threading.Lock()
@@ -37,11 +37,7 @@ Opponent = Callable[[str, random.Random], str]
 
 
 def _ta() -> Any:
-    try:
-        return importlib.import_module("textarena")
-    except ImportError as exc:
-        raise ImportError(f"textarena games need the textarena package: pip install 'ludic-fast[textarena]' "
-                          f"({exc})") from None
+    return import_library("textarena", "textarena", "textarena games")
 
 
 def random_legal_move(observation: str, rng: random.Random) -> str:
