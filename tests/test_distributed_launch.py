@@ -82,6 +82,30 @@ def test_two_ranks_agree():
     run_local_group(_worker, 2, start_method="fork")
 
 
+def _late_signal_worker(rank: int, world: int) -> None:
+    """SIGINT lands on rank 1 while the agreeing all-reduce is in flight (its handler runs as the collective
+    returns): that read answers what the ranks sent (no stop) on both ranks, the next read a stop on both."""
+    import torch.distributed as dist
+
+    reduce = dist.all_reduce
+
+    def reduce_then_signal(*args, **kwargs):
+        result = reduce(*args, **kwargs)
+        if rank == 1:
+            dist.all_reduce = reduce  # once
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    dist.all_reduce = reduce_then_signal
+    with AgreedStop() as stop:
+        assert not stop.requested, rank
+        assert stop.requested and stop.exit_code == 130, rank
+
+
+def test_a_signal_during_the_agreement_is_seen_by_every_rank_at_the_next_read():
+    run_local_group(_late_signal_worker, 2, start_method="fork")
+
+
 def _guard_worker(rank: int, world: int) -> None:
     """DPO under DDP where only rank 1's loss is NaN: both ranks skip the step and both give up at it."""
     from ludic_fast.data.preference_data import embedded_rows, encode_rows

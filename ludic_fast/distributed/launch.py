@@ -233,17 +233,20 @@ class RankShareSource:
 
 class AgreedStop(StopOnSignal):
     """StopOnSignal whose request every rank sees at the same step: each read of `requested` (the engine reads it
-    once per step, every rank at the same point) all-reduces the signal numbers (MAX), so SIGINT sent to one rank
-    stops all of them after the same step, each with that signal's exit code."""
+    once per step, every rank at the same point) all-reduces the signal numbers (MAX) and answers from that sum
+    alone, so SIGINT sent to one rank stops all of them after the same step, each with that signal's exit code.
+    A signal that lands while the all-reduce is in flight is counted at the next read, on every rank."""
 
     @property
     def requested(self) -> bool:
-        if _initialized():
-            t = torch.tensor([self.signum or 0], dtype=torch.int64, device=collective_device(None))
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            if int(t):
-                self.signum = int(t)
-        return self.signum is not None
+        if not _initialized():
+            return self.signum is not None
+        t = torch.tensor([self.signum or 0], dtype=torch.int64, device=collective_device(None))
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        agreed = int(t)
+        if agreed:
+            self.signum = agreed
+        return agreed != 0
 
 
 __all__ = [
