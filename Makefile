@@ -50,7 +50,7 @@ $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,bench,reasoning-gym,textarena]"
+	$(PY) -m pip install -q -e ".[dev,bench,reasoning-gym,textarena,verifiers]"
 	touch $(STAMP)
 
 $(VERL_STAMP): pyproject.toml setup.py

@@ -108,7 +108,9 @@ class Env(Protocol):
     """An environment: `reset(seed) -> messages`, `step(turn) -> StepResult` (each may be `async`).
 
     Optional attributes read by the runner: `tools` (a sequence of `Tool` or plain functions the model may
-    call; default none) and `max_turns` (this environment's turn limit when the runner sets none).
+    call; default none), `tool_schemas` (OpenAI function schemas of tools the environment runs itself, read
+    after `reset`: the calls are parsed onto the turn and the turn goes to `step`), `max_turns` (this
+    environment's turn limit when the runner sets none) and `close()` (awaited once the episode has ended).
     """
 
     def reset(self, seed: int) -> Sequence[Message]: ...

@@ -1,12 +1,15 @@
 """Many episodes at once: the model's turns batched through the sampler, environments and tools concurrent.
 
-`EpisodeRunner.run(jobs)` plays every job (an environment, its seed, meta) to its end in lock-step rounds:
-each round samples one turn of every live episode in one `sampler.generate` call, then answers all those
-turns concurrently (asyncio): a turn with tool calls gets the tools' results, any other turn goes to
-`env.step`. Every `reset`, `step` and tool call runs under its time limit (a plain function in a daemon
-thread, a coroutine awaited); one that raises or runs past its limit ends that episode as failed — status
-"failed", the error kept and logged — and no other. A malformed tool call (bad JSON, unknown tool, wrong
-arguments) is answered with an error observation and adds `format_penalty` to the turn's reward.
+`EpisodeRunner.run(jobs)` plays every job (an environment, its seed, meta) to its end in lock-step rounds: each
+round samples one turn of every live episode in one `sampler.generate` call, then answers all those turns
+concurrently (asyncio): a turn with tool calls gets the tools' results, any other turn goes to `env.step`. An
+environment that runs its tools itself gives their schemas as `tool_schemas` instead of `tools` (read after
+`reset`): the template renders them, the calls are parsed, and the turn goes to `env.step`. When an episode ends,
+however it ends, the environment's optional `close()` is awaited (under the same time limit; its error is logged).
+Every `reset`, `step` and tool call runs under its time limit (a plain function in a daemon thread, a coroutine
+awaited); one that raises or runs past its limit ends that episode as failed — status "failed", the error kept and
+logged — and no other. A malformed tool call (bad JSON, unknown tool, wrong arguments) is answered with an error
+observation and adds `format_penalty` to the turn's reward.
 
 Limits: `max_turns` model turns (None: the environment's `max_turns` attribute, else 8; then "truncated",
 reason "max_turns"), `max_tokens` in the whole episode (each turn may sample at most what is left; reason
@@ -159,6 +162,7 @@ class _State:
     chat: ChatTokens | None = None
     tools: dict[str, Tool] = field(default_factory=dict)
     max_turns: int = 0
+    parse_calls: bool = False
     pending_obs: list[Message] = field(default_factory=list)
 
 
@@ -202,6 +206,7 @@ class EpisodeRunner:
                     s.episode.end("truncated", "max_tokens")
             live = [s for s in live if s.episode.live]
             if not live:
+                await asyncio.gather(*(self._close(s) for s in states))
                 return [s.episode for s in states]
             budgets = [min(self.limits.max_new_tokens, self.limits.max_tokens - len(s.episode.tokens.ids))
                        for s in live]
@@ -229,14 +234,29 @@ class EpisodeRunner:
             s.first = check_messages(first, "env.reset(seed)")
             if not s.first:
                 raise ValueError("env.reset(seed) returned no messages")
+            schemas = list(getattr(env, "tool_schemas", None) or [])
+            if schemas and s.tools:
+                raise ValueError("an environment gives either tools (run by the runner) or tool_schemas, not both")
+            s.parse_calls = bool(schemas or s.tools)
             s.chat = ChatTokens(self.tokenizer, self.stop_ids,
-                                tools=[t.schema for t in s.tools.values()] or None,
+                                tools=[t.schema for t in s.tools.values()] or schemas or None,
                                 template_kwargs=self.template_kwargs)
             s.episode.messages.extend(s.first)
             s.episode.tokens.add_context(s.chat.prompt_ids(s.first))
             s.pending_obs = list(s.first)
         except Exception as exc:  # noqa: BLE001 - the episode fails, the run goes on
             self._fail(s, "env.reset", exc)
+
+    async def _close(self, s: _State) -> None:
+        """The environment's optional `close()` once its episode has ended (an error is logged, not raised)."""
+        close = getattr(s.job.env, "close", None)
+        if not callable(close):
+            return
+        try:
+            await call_with_timeout(close, self.limits.env_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the episode is already played
+            log.warning("episode %s (seed %s): env.close: %s: %s", s.episode.rollout.id, s.job.seed,
+                        type(exc).__name__, exc)
 
     def _fail(self, s: _State, where: str, exc: BaseException) -> None:
         error = f"{where}: {type(exc).__name__}: {exc}"
@@ -268,7 +288,7 @@ class EpisodeRunner:
         prompt = list(ep.tokens.ids)
         ep.tokens.add_turn(ids, logprobs, finish)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        parsed = self.parser(text) if s.tools else ParsedTurn(text.strip(), [], [])
+        parsed = self.parser(text) if s.parse_calls else ParsedTurn(text.strip(), [], [])
         turn = AssistantTurn(text, list(ids), parsed.calls, parsed.errors, parsed.content)
         assistant = turn.to_message()
         ep.messages.append(assistant)
@@ -277,18 +297,19 @@ class EpisodeRunner:
             if finish == "length":
                 result = StepResult(reward=0.0, truncated=True)
                 reason = "max_tokens" if budget < self.limits.max_new_tokens else "turn_length"
-            elif parsed.calls or parsed.errors:
+            elif s.tools and (parsed.calls or parsed.errors):
                 obs, malformed = await self._run_tools(s, parsed)
                 result = StepResult(obs, reward=self.limits.format_penalty * malformed)
                 info = {"tool_calls": len(parsed.calls) + len(parsed.errors), "tool_errors": malformed}
                 reason = None
             else:
+                ep.tool_calls += len(parsed.calls) + len(parsed.errors)  # calls the environment answers itself
                 result = await call_with_timeout(s.job.env.step, self.limits.env_timeout_s, turn)
                 if not isinstance(result, StepResult):
                     raise TypeError(f"env.step must return a StepResult, got {type(result).__name__}")
                 reason = "env" if result.truncated else None
         except Exception as exc:  # noqa: BLE001 - the episode fails, the run goes on
-            where = "tool" if (parsed.calls or parsed.errors) else "env.step"
+            where = "tool" if s.tools and (parsed.calls or parsed.errors) else "env.step"
             self._fail(s, where, exc)
             return
         step = Step(

@@ -6,12 +6,12 @@ episodes differ by sampling only), played by an `EpisodeRunner`; optional `Weigh
 episode's last step; then `items.episode_items` under the credit assigner. Groups holding a failed episode
 are dropped whole.
 
-Batch meta, logged with the step: avg_total_reward (over the non-failed episodes), target_rollouts, and the
-episode statistics episode_turns_mean, episode_tool_calls_mean, episode_tool_errors_mean,
-episode_failed / episode_truncated (counts), episode_dropped_groups, episode_reward_<name> (each reward
-function's mean). `episode_log`: a JSONL file that receives the first `log_episodes` episodes of every
-batch whole (`Episode.to_record`: conversation, rewards, status, counts) for reading.
-"""
+Batch meta, logged with the step: avg_total_reward (over the non-failed episodes), target_rollouts, and the episode
+statistics episode_turns_mean, episode_tool_calls_mean, episode_tool_errors_mean, episode_failed /
+episode_truncated (counts), episode_dropped_groups, episode_reward_<name> (the mean of each reward component: the
+environment's own, its last step's info["rewards"], and each reward function's). `episode_log`: a JSONL file that
+receives the first `log_episodes` episodes of every batch whole (`Episode.to_record`: conversation, rewards,
+status, counts) for reading."""
 
 from __future__ import annotations
 
@@ -70,22 +70,25 @@ class EnvBatchSource:
         return out
 
     def _score(self, episodes: list[Episode]) -> dict[str, list[float]]:
+        """Adds the reward functions' total to each episode's last step; {component: values} of the episodes'
+        breakdowns: the environment's own (its last step's info["rewards"]) and the reward functions'."""
         parts: dict[str, list[float]] = {}
-        if self.rewards is None:
-            return parts
         for ep in episodes:
             if ep.status == "failed" or not ep.rollout.steps:
                 continue
             last = ep.rollout.steps[-1]
-            try:
-                total, components = self.rewards.score(ep.messages, dict(last.info))
-            except Exception as exc:  # noqa: BLE001 - a reward function's fault fails that episode only
-                ep.end("failed", error=f"reward: {type(exc).__name__}: {exc}")
-                continue
-            last.reward += total
-            last.info["rewards"] = components
+            components = dict(last.info.get("rewards") or {})
+            if self.rewards is not None:
+                try:
+                    total, extra = self.rewards.score(ep.messages, dict(last.info))
+                except Exception as exc:  # noqa: BLE001 - a reward function's fault fails that episode only
+                    ep.end("failed", error=f"reward: {type(exc).__name__}: {exc}")
+                    continue
+                last.reward += total
+                components.update(extra)
+                last.info["rewards"] = components
             for name, value in components.items():
-                parts.setdefault(name, []).append(value)
+                parts.setdefault(name, []).append(float(value))
         return parts
 
     async def next_batch(self) -> SAWBatch:

@@ -152,7 +152,7 @@ def demonstration_items(args: argparse.Namespace, tok: Any, make_env: Callable[[
     if not callable(getattr(env, "demonstrations", None)):
         raise UsageError(f"--env {args.env} has no demonstrations(n, seed) for the SFT warm-up: "
                          "pass --sft-data (chat JSONL) or --sft-steps 0")
-    tools = [t.schema for t in as_tools(getattr(env, "tools", None)).values()] or None
+    tools = [t.schema for t in as_tools(getattr(env, "tools", None)).values()] or getattr(env, "tool_schemas", None)
     chat = ChatTokens(tok, [tok.eos_token_id], tools=tools)
     items = []
     for messages in env.demonstrations(args.demonstrations, args.seed):

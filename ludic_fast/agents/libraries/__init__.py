@@ -3,6 +3,7 @@ importing its library only when used (an optional extra):
 
 reasoning_gym: reasoning-gym datasets as prompt/answer RL tasks scored by their own `score_answer`.
 textarena: textarena games as `ludic_fast.agents` environments (single-player, or against a fixed opponent).
+verifiers: verifiers environments (`load_environment()` modules) driven by our sampler, scored by their rubric.
 """
 
 from __future__ import annotations
