@@ -12,7 +12,7 @@ import torch
 from _vllm import EOS, needs_vllm, tiny_sft_model
 
 from ludic_fast.rollout.engine import SamplingConfig
-from ludic_fast.rollout.vllm_server import VLLMServer, VLLMServerEngine
+from ludic_fast.rollout.vllm_server import VLLMServer, VLLMServerEngine, VLLMServerSampler
 
 TOL = 1e-4  # fp32 server vs the fp32 model, as in test_vllm_engine
 
@@ -28,7 +28,7 @@ def server(tmp_path_factory):
     with VLLMServer(str(path), extra_args=args, log_path=str(path / "server.log")) as srv:
         engine = VLLMServerEngine(srv.url, eos_token_id=EOS, checkpoint=str(path),
                                   weights_dir=str(tmp_path_factory.mktemp("pushes")))
-        yield engine, model, prompts
+        yield engine, model, prompts, str(path)
 
 
 def _max_diff(model, completions, temperature: float) -> float:
@@ -43,7 +43,7 @@ def _max_diff(model, completions, temperature: float) -> float:
 
 
 def test_server_samples_distinct_reproducible_groups_with_the_models_logprobs(server):
-    engine, model, prompts = server
+    engine, model, prompts, _ = server
     group = [[7, 14]] * 8  # "3+": an uncertain continuation at T = 2 (see test_vllm_engine)
     sampling = SamplingConfig(temperature=2.0, max_new_tokens=12)
     first, again = engine.generate(group, sampling, seed=11), engine.generate(group, sampling, seed=11)
@@ -57,7 +57,7 @@ def test_server_samples_distinct_reproducible_groups_with_the_models_logprobs(se
 
 
 def test_server_weight_push_switches_to_the_new_weights_and_refuses_wrong_names(server):
-    engine, model, prompts = server
+    engine, model, prompts, _ = server
     new = copy.deepcopy(model)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -76,3 +76,60 @@ def test_server_weight_push_switches_to_the_new_weights_and_refuses_wrong_names(
     finally:
         engine.publish(dict(model.named_parameters()), version=2)
     assert _max_diff(model, engine.generate(prompts[:8], sampling, seed=2), 1.0) < TOL
+
+
+def test_two_servers_spread_the_requests_and_both_take_a_push(server, tmp_path):
+    """A second real server beside the module's: a seeded call over both samples what it samples on one
+    (request i keeps its seed, and the servers hold the same weights), and a push reaches both."""
+    engine, model, prompts, checkpoint = server
+    args = ["--dtype", "float32", "--max-model-len", "64", "--enforce-eager", "--kv-cache-memory-bytes", str(64 << 20)]
+    with VLLMServer(checkpoint, extra_args=args, log_path=str(tmp_path / "second.log")) as second:
+        both = VLLMServerSampler([engine.url, second.url], eos_token_id=EOS, checkpoint=checkpoint,
+                                 weights_dir=str(tmp_path / "pushes"))
+        sampling = SamplingConfig(temperature=1.0, max_new_tokens=6)
+        spread = both.generate(prompts[:6], sampling, seed=5)
+        assert [c.completion_ids for c in spread] == [c.completion_ids for c in engine.generate(prompts[:6], sampling,
+                                                                                                  seed=5)]
+        new = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in new.parameters():
+                p.mul_(1.1)
+        try:
+            both.publish(dict(new.named_parameters()), version=3)
+            for url in both.urls:  # each server alone now samples from the new weights
+                alone = VLLMServerSampler(url, eos_token_id=EOS, checkpoint=checkpoint)
+                assert _max_diff(new, alone.generate(prompts[:4], sampling, seed=2), 1.0) < TOL
+        finally:
+            engine.publish(dict(model.named_parameters()), version=4)
+
+
+def test_nccl_weight_transfer_switches_the_servers_weights(tmp_path):
+    """vLLM's weight-transfer API over NCCL: the trainer on GPU 0, a server on GPU 1 (NCCL refuses two ranks on
+    one device). Skips where it cannot run: on vLLM's CPU build there is no CUDA."""
+    from ludic_fast.rollout.weight_transfer import nccl_transfer_unavailable
+
+    reason = nccl_transfer_unavailable()
+    if reason is not None:
+        pytest.skip(f"NCCL weight transfer cannot run here: {reason}")
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"NCCL weight transfer needs 2 GPUs (trainer, server); {torch.cuda.device_count()} visible")
+    needs_vllm()
+    model, tok, prompts = tiny_sft_model()
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    args = ["--dtype", "float32", "--max-model-len", "64", "--enforce-eager", "--gpu-memory-utilization", "0.2",
+            "--weight-transfer-config", '{"backend": "nccl"}']
+    with VLLMServer(str(tmp_path / "m"), extra_args=args, env={"CUDA_VISIBLE_DEVICES": "1"},
+                    log_path=str(tmp_path / "server.log")) as srv:
+        torch.cuda.set_device(0)
+        engine = VLLMServerSampler(srv.url, eos_token_id=EOS, checkpoint=str(tmp_path / "m"), weight_transfer="nccl")
+        assert engine.weight_transfer == "nccl"
+        new = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in new.parameters():
+                p.mul_(1.1)
+        engine.publish({"module." + k: v.cuda() for k, v in new.named_parameters()}, version=1)
+        sampling = SamplingConfig(temperature=1.0, max_new_tokens=6)
+        completions = engine.generate(prompts[:8], sampling, seed=2)
+        assert _max_diff(new, completions, 1.0) < 1e-3  # fp32 on a GPU (TF32 off by default in vLLM's fp32 path)
+        assert _max_diff(model, completions, 1.0) > 1e-2

@@ -58,6 +58,7 @@ MODULES = [
     ("ludic_fast.rollout", "rollout samplers, tasks, rewards, batch sources, evaluation"),
     ("ludic_fast.rollout.sampler", "the Sampler protocol, its sampling types and the SAMPLERS registry"),
     ("ludic_fast.rollout.rewards", "reward functions: the REWARD_FUNCS registry, weighted sums"),
+    ("ludic_fast.rollout.weight_transfer", "weights to vLLM servers over NCCL through vLLM's weight-transfer API"),
     ("ludic_fast.cli.presets", "the preset records of `ludic-fast train --preset`"),
     ("ludic_fast.cli.run_config", "`ludic-fast train --config FILE` and the config.yaml a run saves"),
     ("ludic_fast.run.record", "run.json: command line, settings, versions, commit, machine"),

@@ -181,7 +181,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help=f"what samples the rollouts: {', '.join(SAMPLERS.names())} (list below) or module:attr; "
                         "--engine is its deprecated old name")
     g.add_argument("--vllm-url", default=None,
-                   help="--sampler vllm-server: the URL of a running server (default: the run starts one)")
+                   help="--sampler vllm-server: the URL of a running server, or several joined by commas "
+                        "(requests spread over them, weights pushed to all; default: the run starts one)")
     g.add_argument("--vllm-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
                    help="a vLLM engine argument (repeatable), e.g. max_num_batched_tokens=4096")
     g = p.add_argument_group("trainer")

@@ -8,18 +8,23 @@ default from the model's generation config (top-k, top-p, min-p, penalties) are 
 behaviour logprobs are `log_softmax(z / T)` when the server runs with `--logprobs-mode processed_logprobs`
 (VLLMServer starts it so; a server given by URL must be).
 
-Weight update on one machine: `publish(params, version)` maps and checks the names as VLLMSampler does, writes
-them to `<weights_dir>/v<version>/model.safetensors`, and asks the server to reload from there through vLLM's
-development endpoints (`/collective_rpc` with `reload_weights(weights_path=...)`, then `/reset_prefix_cache`;
-the server needs `VLLM_SERVER_DEV_MODE=1`, which VLLMServer sets, and must read `weights_dir`). Across
-machines the weights travel over NCCL instead (vLLM's weight-transfer engine: `/init_weight_transfer_engine`,
-`/update_weights`), which this module does not drive.
+Several servers: `VLLMServerSampler([url1, url2, ...])` (or "url1,url2") sends request i of a call to server
+i mod n and pushes every version to all of them.
+
+Weight update (`publish(params, version)`, names mapped and checked as VLLMSampler does), two paths:
+- "reload" (default; one machine, or a disk every server reads): the weights are written to
+  `<weights_dir>/v<version>/model.safetensors` and each server reloads them through vLLM's development
+  endpoints (`/collective_rpc` with `reload_weights(weights_path=...)`, then `/reset_prefix_cache`; the server
+  needs `VLLM_SERVER_DEV_MODE=1`, which VLLMServer sets).
+- "nccl": vLLM's weight-transfer API (`ludic_fast.rollout.weight_transfer`): an NCCL broadcast from the
+  trainer's GPU to each server's workers, announced over `/update_weights`; GPUs only.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import shutil
 import socket
@@ -47,8 +52,10 @@ from ludic_fast.rollout.vllm_sampler import (
     request_seed,
 )
 
+log = logging.getLogger(__name__)
 
-def _request(url: str, body: dict[str, Any] | None = None, *, timeout: float) -> Any:
+
+def request_json(url: str, body: dict[str, Any] | None = None, *, timeout: float) -> Any:
     """POST `body` as JSON (GET without one); the decoded JSON answer, None for an empty one; RuntimeError
     naming the endpoint and the server's message on an HTTP error."""
     data = None if body is None else json.dumps(body).encode()
@@ -62,37 +69,71 @@ def _request(url: str, body: dict[str, Any] | None = None, *, timeout: float) ->
     return json.loads(raw) if raw else None
 
 
-class VLLMServerSampler:
-    """`generate(prompts, sampling, seed)` and `publish(params, version)` against a running vLLM server.
+WEIGHT_TRANSFERS = ("reload", "nccl", "auto")
 
-    url: the server's base URL (http://host:port). checkpoint: the directory (or Hub name) of the checkpoint it
-    serves, whose tensor names every push must match. weights_dir: where pushes are written for the server to
-    read (default: a new temporary folder). max_concurrency: requests in flight at once.
+
+class VLLMServerSampler:
+    """`generate(prompts, sampling, seed)` and `publish(params, version)` against one or more running vLLM servers.
+
+    url: a server's base URL (http://host:port), a list of them, or several joined by commas; request i of a
+    call goes to server i mod n (so a seeded call is reproducible), every push goes to all of them.
+    checkpoint: the directory (or Hub name) of the checkpoint they serve, whose tensor names every push must
+    match. weight_transfer: "reload" (write `<weights_dir>/v<version>/model.safetensors`, have each server
+    reload it: one disk the servers read), "nccl" (vLLM's weight-transfer API, `rollout.weight_transfer`: GPUs,
+    servers started with `--weight-transfer-config '{"backend": "nccl"}'`; refused where it cannot run, naming
+    why) or "auto" ("nccl" where it can run, else "reload"; `self.weight_transfer` says which).
+    nccl_address / server_workers: this trainer's address as the servers reach it, and each server's worker count.
+    weights_dir: where reload pushes are written (default: a new temporary folder). max_concurrency: requests
+    in flight at once, over all servers.
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         eos_token_id: int | list[int],
         checkpoint: str,
         weights_dir: str | None = None,
         max_concurrency: int = 64,
         timeout: float = 600.0,
+        weight_transfer: str = "reload",
+        nccl_address: str = "127.0.0.1",
+        server_workers: int = 1,
     ):
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        self.url = url.rstrip("/")
+        if weight_transfer not in WEIGHT_TRANSFERS:
+            raise ValueError(f"weight_transfer must be one of {WEIGHT_TRANSFERS}, got {weight_transfer!r}")
+        self.urls = split_urls(url)
+        self.url = self.urls[0]
         self.timeout = timeout
-        self.model_name = _request(f"{self.url}/v1/models", timeout=timeout)["data"][0]["id"]
+        names = {u: request_json(f"{u}/v1/models", timeout=timeout)["data"][0]["id"] for u in self.urls}
+        if len(set(names.values())) != 1:
+            raise ValueError(f"url: the servers serve different models: {names}")
+        self.model_name = names[self.url]
         self.checkpoint_names = checkpoint_tensor_names(checkpoint)
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="ludic-fast-vllm-weights-"))
         self.eos_ids = {int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])}
         self.max_concurrency = max_concurrency
         self.server: VLLMServer | None = None  # the server this engine was started with, kept alive beside it
         self.version = 0
+        self.weight_transfer, self.pushers = self._open_transfer(weight_transfer, nccl_address, server_workers)
 
-    def _complete(self, prompt: list[int], sampling: SamplingConfig, seed: int | None) -> Completion:
+    def _open_transfer(self, mode: str, address: str, workers: int) -> tuple[str, list[Any]]:
+        from ludic_fast.rollout.weight_transfer import NCCLWeightPusher, nccl_transfer_unavailable
+
+        reason = nccl_transfer_unavailable() if mode != "reload" else None
+        if mode == "reload" or (mode == "auto" and reason is not None):
+            if mode == "auto":
+                log.info("weight_transfer='auto': reloading from %s (%s)", self.weights_dir, reason)
+            return "reload", []
+        if reason is not None:
+            raise ValueError(f"weight_transfer='nccl': {reason}")
+        pushers = [NCCLWeightPusher(u, master_address=address, master_port=free_port(address),
+                                    server_workers=workers, timeout=self.timeout) for u in self.urls]
+        return "nccl", pushers
+
+    def _complete(self, url: str, prompt: list[int], sampling: SamplingConfig, seed: int | None) -> Completion:
         body = {
             "model": self.model_name,
             "prompt": list(prompt),
@@ -109,7 +150,7 @@ class VLLMServerSampler:
             "stop_token_ids": sorted(self.eos_ids),
             "return_token_ids": True,
         }
-        choice = _request(f"{self.url}/v1/completions", body, timeout=self.timeout)["choices"][0]
+        choice = request_json(f"{url}/v1/completions", body, timeout=self.timeout)["choices"][0]
         ids = [int(t) for t in choice["token_ids"]]
         logps = [float(x) for x in choice["logprobs"]["token_logprobs"]]
         ids, logps, reason = cut_at_eos(ids, logps, self.eos_ids)
@@ -118,29 +159,65 @@ class VLLMServerSampler:
     def generate(
         self, prompts: list[list[int]], sampling: SamplingConfig, *, seed: int | None = None
     ) -> list[Completion]:
-        """Completions of each prompt (token ids); request i sampled with seed `request_seed(seed, i)` when given."""
+        """Completions of each prompt (token ids); request i sampled with seed `request_seed(seed, i)` when given,
+        on server `urls[i % len(urls)]`."""
         check_generate_args(prompts, sampling)
         seeds = [None if seed is None else request_seed(seed, i) for i in range(len(prompts))]
+        urls = [self.urls[i % len(self.urls)] for i in range(len(prompts))]
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(prompts))) as pool:
-            return list(pool.map(lambda p, s: self._complete(p, sampling, s), prompts, seeds))
+            return list(pool.map(lambda u, p, s: self._complete(u, p, sampling, s), urls, prompts, seeds))
 
     def publish(self, params: Mapping[str, Tensor], version: int) -> None:
-        """Write the mapped, checked weights under weights_dir and have the server reload them in place."""
-        from safetensors.torch import save_file
-
+        """Load the mapped, checked weights into every server (NCCL broadcast, or a reload from weights_dir),
+        then reset their prefix caches."""
         weights = map_weights_for_vllm(params)
         check_push_names(set(weights), self.checkpoint_names)
-        target = self.weights_dir / f"v{int(version)}"
+        if self.weight_transfer == "nccl":
+            for pusher in self.pushers:
+                pusher.push(weights)
+            self._on_every_server(lambda u: request_json(f"{u}/reset_prefix_cache", {}, timeout=self.timeout))
+        else:
+            self._reload(weights, int(version))
+        self.version = int(version)
+
+    def _reload(self, weights: dict[str, Tensor], version: int) -> None:
+        from safetensors.torch import save_file
+
+        target = self.weights_dir / f"v{version}"
         target.mkdir(parents=True, exist_ok=True)
         with torch.no_grad():
             save_file({k: v.detach().to("cpu").contiguous() for k, v in weights.items()}, target / "model.safetensors")
         rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(target)}, "timeout": self.timeout}
-        _request(f"{self.url}/collective_rpc", rpc, timeout=self.timeout)
-        _request(f"{self.url}/reset_prefix_cache", {}, timeout=self.timeout)
+
+        def reload(url: str) -> None:
+            request_json(f"{url}/collective_rpc", rpc, timeout=self.timeout)
+            request_json(f"{url}/reset_prefix_cache", {}, timeout=self.timeout)
+
+        self._on_every_server(reload)
         for old in self.weights_dir.glob("v*"):
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
-        self.version = int(version)
+
+    def _on_every_server(self, fn: Any) -> None:
+        """`fn(url)` on every server at once; the first error is raised after all have answered."""
+        with ThreadPoolExecutor(max_workers=len(self.urls)) as pool:
+            for future in [pool.submit(fn, u) for u in self.urls]:
+                future.result()
+
+
+def split_urls(url: str | Sequence[str]) -> list[str]:
+    """The server URLs of `url` (one, a list, or several joined by commas), without trailing slashes; ValueError
+    for none, a repeat or one that is not http(s)://."""
+    items = url.split(",") if isinstance(url, str) else list(url)
+    urls = [u.strip().rstrip("/") for u in items if isinstance(u, str) and u.strip()]
+    if not urls or len(urls) != len(items):
+        raise ValueError(f"url: one or more http(s):// server URLs, got {url!r}")
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ValueError(f"url: {bad[0]!r} is not an http(s):// URL")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"url: a server is listed twice in {url!r}")
+    return urls
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -154,7 +231,8 @@ class VLLMServer:
     """vLLM's OpenAI-compatible server for `model`, started as a child process on `host`:`port` (default: a free
     port), with processed logprobs, the model's generation-config defaults off, the development endpoints on,
     and on a CPU chunked prefill off (as VLLMSampler). `extra_args` are more `vllm serve` flags (`--dtype`,
-    `--max-model-len`, ...). Use as a context manager; `url` is its base URL; the log goes to `log_path`."""
+    `--max-model-len`, ...); `env`: more environment variables (e.g. CUDA_VISIBLE_DEVICES). Use as a context
+    manager; `url` is its base URL; the log goes to `log_path`."""
 
     def __init__(
         self,
@@ -166,6 +244,7 @@ class VLLMServer:
         extra_args: Sequence[str] = (),
         startup_timeout: float = 900.0,
         log_path: str | None = None,
+        env: Mapping[str, str] | None = None,
     ):
         self.model = model
         self.url = f"http://{host}:{port or free_port(host)}"
@@ -179,7 +258,7 @@ class VLLMServer:
             cmd.append("--no-enable-chunked-prefill")
         cmd += list(extra_args)
         self.log_path = Path(log_path or tempfile.mkstemp(prefix="ludic-fast-vllm-server-", suffix=".log")[1])
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         atexit.register(self.close)  # never outlive the run
@@ -238,8 +317,9 @@ def server_sampler(
     model: str, *, url: str | None, eos_token_id: int | list[int], seed: int = 0,
     engine_args: Mapping[str, Any] | None = None,
 ) -> VLLMServerSampler:
-    """A VLLMServerSampler on the server at `url`, or on a VLLMServer started here for `model` with `engine_args`
-    (kept as the engine's `server`, stopped when the process exits). `model`: the served checkpoint's folder."""
+    """A VLLMServerSampler on the server(s) at `url` (one URL or several joined by commas), or on a VLLMServer
+    started here for `model` with `engine_args` (kept as the engine's `server`, stopped when the process exits).
+    `model`: the served checkpoint's folder."""
     server = None
     if url is None:
         server = VLLMServer(model, seed=seed, extra_args=server_flags(engine_args or {}))
@@ -254,4 +334,5 @@ def server_sampler(
 __getattr__ = renamed_attributes(__name__, globals(),
                                  {"VLLMServerEngine": "VLLMServerSampler", "server_engine": "server_sampler"})
 
-__all__ = ["VLLMServer", "VLLMServerSampler", "free_port", "server_sampler", "server_flags"]
+__all__ = ["VLLMServer", "VLLMServerSampler", "free_port", "server_sampler", "server_flags", "split_urls",
+           "request_json", "WEIGHT_TRANSFERS"]
