@@ -360,9 +360,11 @@ def test_episode_items_travel_through_the_pipeline_actor(tok):
         def queued(self):
             return 0
 
-        def push(self, item, version, *, stop_requested):
-            self.payloads.append(encode_item(item, item_id=str(self.pushed), policy_version=version))
-            self.pushed += 1
+        def push_round(self, items, version, *, stop_requested):  # a round goes onto the stream whole
+            ids = [str(self.pushed + k) for k in range(len(items))]
+            self.payloads += [encode_item(i, item_id=n, policy_version=version) for i, n in zip(items, ids)]
+            self.pushed += len(ids)
+            return ids
 
     producer = Producer()
     items = episode_items([ep], EpisodicReturn(), per="step")

@@ -3,6 +3,7 @@ publishing, and an actor process + learner process run across a Redis restart (S
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import logging
@@ -36,6 +37,7 @@ from ludic_fast.distributed.pipeline import (  # noqa: E402
 )
 from ludic_fast.distributed.publish import RedisWeightPublisher, RedisWeightSubscriber, load_into  # noqa: E402
 from ludic_fast.distributed.redis_conn import ReconnectingRedis, RedisUnreachableError  # noqa: E402
+from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager  # noqa: E402
 
 REDIS_SERVER = shutil.which("redis-server")
 # a regression in delivery shows up as a learner waiting forever for items: fail instead of hanging
@@ -189,19 +191,22 @@ def test_actor_waits_at_the_queue_bound_and_stops_when_the_learner_is_done(serve
                                                                                     prod)))
     actor.start()  # no num_rounds: it runs until the learner is done
     deadline = time.monotonic() + 20
-    while prod.pushed < 3 and time.monotonic() < deadline:
+    while prod.pushed < 4 and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
-    assert prod.pushed == 3 and prod.queued() == 3  # waiting at the bound, not flooding
-    assert len(src.next_batch_sync().items) == 2
-    src.commit()  # trained on: two entries leave the stream, the actor fills it up to the bound again
-    while prod.pushed < 5 and time.monotonic() < deadline:
+    # rounds of 2 go whole while fewer than 3 are unread: 0 -> 2 -> 4, then it waits (max_queued + 2 - 1)
+    assert prod.pushed == 4 and prod.queued() == 4
+    assert len(src.next_batch_sync().items) == 2  # read: two fewer unread, the actor fills up again
+    while prod.pushed < 6 and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
-    assert prod.pushed == 5 and prod.queued() == 3
+    assert prod.pushed == 6 and prod.queued() == 4
+    src.commit()  # acknowledging read entries frees no room: they were no longer counted
+    time.sleep(0.5)
+    assert prod.pushed == 6
     src.mark_done()
     actor.join(timeout=10)
-    assert not actor.is_alive() and result["pushed"] == 5
+    assert not actor.is_alive() and result["pushed"] == 6
     assert "the learner finished while this actor waited" in caplog.text and "round 1: pushed 2 items" in caplog.text
     PipelineBatchSource(server.url, keys=keys, batch_size=2)  # a new learner clears the mark
     assert not prod.learner_done()
@@ -224,22 +229,27 @@ def test_actor_and_learner_stop_on_request(server):
 
     keys = PipelineKeys("stop")
     prod = PipelineProducer(server.url, keys=keys, actor_id="S", max_queued=3)
-    assert run_pipeline_actor(make_items, prod, stop_requested=stop.is_set) == 3  # round 2 was cut at the bound
+    assert run_pipeline_actor(make_items, prod, stop_requested=stop.is_set) == 4  # round 2 pushed whole, then stop
     assert len(rounds) == 2
     stop.clear()
     threading.Timer(0.3, stop.set).start()
     t0 = time.monotonic()  # never published weights: waits until the request
     assert run_pipeline_actor(make_items, prod, poll_weights=lambda: None, wait_interval_s=0.05,
-                              stop_requested=stop.is_set) == 3
+                              stop_requested=stop.is_set) == 4
     assert time.monotonic() - t0 < 5 and len(rounds) == 2
-    src = PipelineBatchSource(server.url, keys=keys, batch_size=4, block_ms=50,
-                              stop_requested=lambda: src.counters["received"] == 3)  # once it has read all 3
-    with pytest.raises(StopRequested, match="3 of 4 items read"):
+    stop.clear()
+    threading.Timer(0.3, stop.set).start()
+    t0 = time.monotonic()  # 4 unread >= max_queued 3: round 3 waits at the bound until the request, then is dropped
+    assert run_pipeline_actor(make_items, prod, stop_requested=stop.is_set) == 4
+    assert time.monotonic() - t0 < 5 and len(rounds) == 3 and prod.queued() == 4
+    src = PipelineBatchSource(server.url, keys=keys, batch_size=5, block_ms=50,
+                              stop_requested=lambda: src.counters["received"] == 4)  # once it has read all 4
+    with pytest.raises(StopRequested, match="4 of 5 items read"):
         src.next_batch_sync()
     src.commit()  # nothing trained: nothing acknowledged
     src.close()
-    again = PipelineBatchSource(server.url, keys=keys, batch_size=3, block_ms=50)
-    assert len(again.next_batch_sync().items) == 3  # the same consumer name reads its pending entries again
+    again = PipelineBatchSource(server.url, keys=keys, batch_size=4, block_ms=50)
+    assert len(again.next_batch_sync().items) == 4  # the same consumer name reads its pending entries again
 
 
 # ------------------------------------------------------------------------------- delivery semantics
@@ -319,14 +329,13 @@ def test_learner_survives_redis_losing_its_data(server):
     keys = PipelineKeys("t5")
     src = PipelineBatchSource(server.url, keys=keys, batch_size=2, block_ms=50)
     prod = PipelineProducer(server.url, keys=keys, actor_id="A")
-    prod.push(_item(0), 0)
-    prod.push(_item(9), 0)
-    assert [i.meta["item_id"] for i in src.next_batch_sync().items] == ["A:0", "A:1"]
+    first = [prod.push(_item(0), 0), prod.push(_item(9), 0)]
+    assert first == [f"A@{prod.incarnation}:0", f"A@{prod.incarnation}:1"]
+    assert [i.meta["item_id"] for i in src.next_batch_sync().items] == first
     redis.Redis.from_url(server.url).flushall()  # as a restart without persistence would
-    prod.push(_item(1), 0)  # recreates the stream, but not the consumer group
-    prod.push(_item(2), 0)
+    second = [prod.push(_item(1), 0), prod.push(_item(2), 0)]  # the producer recreates the stream and group
     ids = [i.meta["item_id"] for i in src.next_batch_sync().items]
-    assert ids == ["A:2", "A:3"], ids  # the group is recreated from the stream's start; nothing raised
+    assert ids == second, ids  # the group is recreated from the stream's start; nothing raised
 
 
 @needs_server
@@ -437,14 +446,15 @@ def _actor_main(url: str, out: str, rounds: int) -> None:
                                      base.meta, SampleAttachments(ActorTokenLogps(acts))))
             return items
 
-        original_push = prod.push
+        original_push = prod.push_round
 
-        def push(item, version, **kwargs):
-            item_id = original_push(item, version, **kwargs)
-            _write(f, pushed=item_id, version=version)
-            return item_id
+        def push_round(items, version, **kwargs):
+            ids = original_push(items, version, **kwargs)
+            for item_id in ids:
+                _write(f, pushed=item_id, version=version)
+            return ids
 
-        prod.push = push
+        prod.push_round = push_round
         run_pipeline_actor(make_items, prod, poll_weights=sub.poll, num_rounds=rounds)
         _write(f, reconnects=prod.conn.reconnects + sub.conn.reconnects)
 
@@ -559,7 +569,7 @@ def test_example_scripts_stop_on_sigint_and_sigterm(server):
     refused = subprocess.run([sys.executable, str(EXAMPLES / "learner.py"), *common, "--checkpoint-every", "5"],
                              capture_output=True, text=True, env=env, timeout=120)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
-    assert "--checkpoint-every/--resume: the pipeline learner keeps no checkpoints" in refused.stderr
+    assert "--checkpoint-every/--resume need --output-dir" in refused.stderr
     actor = subprocess.Popen([sys.executable, str(EXAMPLES / "actor.py"), *common, "--prefix", "sig-a",
                               "--actor-id", "a0"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     _stderr_until(actor, "waiting for the learner's first weights")
@@ -579,3 +589,156 @@ def test_example_scripts_stop_on_sigint_and_sigterm(server):
     assert learner.returncode == 130, err
     assert "Traceback" not in err and "[learner] stopped by SIGINT after RL step 0" in err.splitlines()[-1]
     assert client.exists("sig-l:done")
+
+
+# ------------------------------------------------------------------------- checkpointed learner, soak
+@needs_server
+def test_checkpointed_source_acks_only_what_a_durable_checkpoint_covers(server):
+    """ack_after_checkpoint: entries stay pending until checkpoint_saved(); a source restored from the
+    checkpoint's state drops the covered entries still pending (the crash came before their XACK) and
+    delivers the later ones again (their training was lost)."""
+    keys = PipelineKeys("ck")
+    client = redis.Redis.from_url(server.url)
+    prod = PipelineProducer(server.url, keys=keys, actor_id="A")
+    ids = prod.push_round([_item(i) for i in range(6)], 0)
+    src = PipelineBatchSource(server.url, keys=keys, batch_size=2, block_ms=50, ack_after_checkpoint=True,
+                              current_version=lambda: 3)
+    assert [i.meta["item_id"] for i in src.next_batch_sync().items] == ids[:2]
+    state = src.state_dict()  # a checkpoint after step 1 is being written...
+    assert state == {"delivered_ids": ids[:2], "policy_version": 3}
+    assert [i.meta["item_id"] for i in src.next_batch_sync().items] == ids[2:4]  # step 2: nothing acknowledged
+    assert client.xpending(keys.stream, keys.group)["pending"] == 4
+    src.close()  # ...SIGKILL: the checkpoint of step 1 is on disk, checkpoint_saved() never ran
+    again = PipelineBatchSource(server.url, keys=keys, batch_size=2, block_ms=50, ack_after_checkpoint=True)
+    again.load_state_dict(state)
+    assert again.checkpoint_version == 3
+    assert [i.meta["item_id"] for i in again.next_batch_sync().items] == ids[2:4]  # trained again, once
+    assert again.counters["duplicates"] == 2  # ids[:2]: covered by the checkpoint, dropped
+    again.state_dict()
+    again.checkpoint_saved()
+    assert client.xpending(keys.stream, keys.group)["pending"] == 0 and client.xlen(keys.stream) == 2
+    with pytest.raises(ValueError, match="delivered_ids"):
+        again.load_state_dict({"delivered_ids": "A", "policy_version": 0})
+
+
+def _versions_seen(log: str) -> list[int]:
+    return [int(v) for v in re.findall(r"pushed \d+ items of policy version (\d+)", log)]
+
+
+@needs_server
+@pytest.mark.timeout(300)  # six process start-ups (torch, transformers) on two cores
+def test_soak_four_actors_learner_sigkilled_and_resumed(server, tmp_path):
+    """Four actor processes and the learner (examples/pipeline_rl) on loopback Redis: one actor is SIGKILLed
+    mid-run, the learner is SIGKILLed after a step its last checkpoint does not cover and resumed with --resume.
+    Every item is trained exactly once in the final model's lineage (trained_ids.jsonl), none is lost (the
+    pushed ids of each actor life, trained or still queued, are whole rounds 0..n-1), versions only go up, and
+    no surviving actor loaded a weight set whose checksum failed (publish.py's counters)."""
+    out = tmp_path / "run"
+    round_size, steps, every = 4, 30, 5
+    common = ["--redis-url", server.url, "--prefix", "soak", "--prompts-per-batch", "2", "--group-size", "2",
+              "--threads", "1", "--device", "cpu", "--logger", "none"]
+    learner_cmd = [sys.executable, str(EXAMPLES / "learner.py"), *common, "--sft-steps", "0", "--rl-steps",
+                   str(steps), "--eval-every", "0", "--output-dir", str(out), "--checkpoint-every", str(every)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    logs = {}
+
+    def start(name, cmd):
+        logs[name] = tmp_path / f"{name}.log"
+        return subprocess.Popen(cmd, stdout=open(logs[name], "w"), stderr=subprocess.STDOUT, env=env)
+
+    def trained_steps():
+        return [r["step"] for r in _records(out / "trained_ids.jsonl")]
+
+    actors = {f"a{k}": start(f"a{k}", [sys.executable, str(EXAMPLES / "actor.py"), *common, "--actor-id", f"a{k}",
+                                        "--seed", str(k), "--max-queued", "6"]) for k in range(4)}
+    procs = list(actors.values())
+    try:  # the learner starts once every actor is up, so that all four take part
+        _wait(lambda: all("first weights" in logs[name].read_text() for name in actors), "four actors up")
+        learner = start("learner", learner_cmd)
+        procs.append(learner)
+        _wait(lambda: len(_versions_seen(logs["a1"].read_text())) >= 1, "actor a1's first round")
+        actors["a1"].send_signal(signal.SIGKILL)  # pushing round after round: killed wherever it is
+        actors["a1"].wait()
+        ckpt = CheckpointManager(CheckpointConfig(str(out / "rl")))  # the learner's, as --resume reads them
+        _wait(lambda: (ckpt.latest_step() or 0) >= every and max(trained_steps(), default=0) >= ckpt.latest_step() + 2,
+              "a step two past the learner's last checkpoint")
+        learner.send_signal(signal.SIGKILL)
+        learner.wait()
+        killed_at = (ckpt.latest_step(), max(trained_steps()))
+        assert killed_at[1] > killed_at[0], killed_at  # steps trained after the checkpoint: lost, to retrain
+        seen_before = max(v for name in actors for v in _versions_seen(logs[name].read_text()))
+        learner = start("learner2", [*learner_cmd, "--resume"])
+        procs.append(learner)
+        assert learner.wait(timeout=150) == 0, logs["learner2"].read_text()[-3000:]
+        for name, proc in actors.items():
+            if name != "a1":
+                assert proc.wait(timeout=60) == 0, logs[name].read_text()[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    records = _records(out / "trained_ids.jsonl")
+    assert sorted({r["step"] for r in records}) == list(range(1, steps + 1))
+    trained = [i for r in records for i in r["ids"]]
+    assert len(trained) == len(set(trained)), "an item was trained twice in the final model's lineage"
+    client = redis.Redis.from_url(server.url)
+    queued = [decode_item(f[b"payload"]).meta["item_id"] for _, f in client.xrange("soak:items")]
+    assert not set(trained) & set(queued), "a trained item is still queued"
+    lives: dict[str, list[int]] = {}
+    for item_id in trained + queued:
+        life, seq = item_id.rsplit(":", 1)
+        lives.setdefault(life, []).append(int(seq))
+    assert {life.split("@")[0] for life in lives} == set(actors)
+    for life, seqs in lives.items():  # nothing lost, no round half-pushed (the killed actor's included)
+        assert sorted(seqs) == list(range(len(seqs))) and len(seqs) % round_size == 0, (life, sorted(seqs))
+    resumed = re.search(r"resumed at step (\d+): publishing version (\d+)", logs["learner2"].read_text())
+    assert resumed and int(resumed.group(1)) == killed_at[0] and int(resumed.group(2)) > seen_before
+    for name in actors:
+        seen = _versions_seen(logs[name].read_text())
+        assert seen == sorted(seen), (name, seen)  # each actor's policy versions only go up
+        if name != "a1":  # the survivors' weight loads: every one checksum-verified, none refused
+            loads = re.search(r"weight loads (\{.*\})", logs[name].read_text())
+            counters = ast.literal_eval(loads.group(1))
+            assert counters.get("loaded", 0) >= 2 and counters.get("checksum_mismatch", 0) == 0, (name, counters)
+    metrics = [r["step"] for r in _records(out / "metrics.jsonl")]
+    assert metrics == list(range(1, steps + 1))
+    assert client.hget("soak:weights", "version") is not None
+
+
+def test_versions_only_go_up_across_a_resume():
+    from ludic_fast.distributed.versions import OffsetPublisher, start_version
+
+    assert start_version(None, None) == 0  # a fresh pipeline: version = step
+    assert start_version(5, None) == 6  # Redis lost its data: above the checkpoint's
+    assert start_version(5, 9) == 10  # actors may have loaded 9 (steps after the checkpoint): above it
+    with pytest.raises(ValueError, match="versions"):
+        start_version(-1, None)
+    published = []
+    pub = OffsetPublisher(type("P", (), {"publish": lambda self, p, v: published.append(v)})(), offset=10 - 5)
+    for step in (5, 6, 7):  # resumed at step 5
+        pub.publish({}, step)
+    assert published == [10, 11, 12]
+    with pytest.raises(TypeError, match="publish"):
+        OffsetPublisher(object())
+
+
+@needs_server
+def test_many_producers_keep_the_queue_bound(server):
+    """Four producers pushing rounds of 3 at a bound of 5 unread entries: the check and the push happen under
+    WATCH, so the stream ends at 6 unread (0 -> 3 -> 6), never max_queued + 3 - 1 = 7 or beyond."""
+    import threading
+
+    keys = PipelineKeys("many")
+    prods = [PipelineProducer(server.url, keys=keys, actor_id=f"P{k}", max_queued=5) for k in range(4)]
+    done = threading.Event()
+    threads = [threading.Thread(target=run_pipeline_actor, args=(lambda v: [_item(0), _item(1), _item(2)], p),
+                                kwargs={"stop_requested": done.is_set}) for p in prods]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    done.set()
+    for t in threads:
+        t.join(timeout=10)
+    assert prods[0].queued() == sum(p.pushed for p in prods) == 6

@@ -79,7 +79,8 @@ def run(argv: list[str] | None) -> int:
             print(f"[actor {producer.actor_id}] stopped by {stop.signal_name}: pushed {pushed} items (nothing else "
                   "to save); start it again to go on", file=sys.stderr)
             return stop.exit_code
-    print(f"[actor {producer.actor_id}] pushed {pushed} items; last policy version {subscriber.version}")
+    print(f"[actor {producer.actor_id}] pushed {pushed} items; last policy version {subscriber.version}; weight "
+          f"loads {dict(subscriber.counters)}")
     return 0
 
 

@@ -1,13 +1,20 @@
 """Pipeline RL learner: the bundled Trainer fed from Redis, publishing its weights to the actors after every step.
 
     python examples/pipeline_rl/learner.py --redis-url redis://HOST:6379/0 --prefix run1 \\
-        --rl-steps 100 --prompts-per-batch 8 --group-size 8 --max-lag 2
+        --rl-steps 100 --prompts-per-batch 8 --group-size 8 --max-lag 2 \\
+        --output-dir runs/run1 --checkpoint-every 10        # later, after a crash: the same command + --resume
 
 Model, task, preset and trainer flags are those of `ludic-fast train` (defaults: the embedded tiny model and
 addition task); the actors must use the same --model/--task/--preset/--group-size/--temperature. With
---sft-steps > 0 the learner first runs the SFT warm-up, then publishes those weights as version 0; actors
-wait for them. SIGINT / SIGTERM finish the current step (or stop waiting for a batch), tell the actors to stop,
-print one line and exit 130 / 143; no Redis at --redis-url: one line, exit 2. See docs/distributed.md.
+--sft-steps > 0 the learner first runs the SFT warm-up, then publishes those weights; actors wait for them.
+With --output-dir it writes metrics.jsonl (every step) and trained_ids.jsonl ({"step", "ids"}: the item ids
+each step trained on). --checkpoint-every N writes a checkpoint under <output-dir>/rl every N steps (and at the
+end or on a stop); a stream entry is acknowledged only once a checkpoint covering it is on disk, so --resume
+after a crash at any moment trains every item exactly once in the final model's lineage, and publishes
+versions above any the actors loaded (`ludic_fast.distributed.versions`); both .jsonl files drop the records
+after the checkpoint's step. SIGINT / SIGTERM finish the current step (or stop waiting for a batch), save a
+checkpoint when checkpointing, tell the actors to stop, print one line and exit 130 / 143; no Redis at
+--redis-url: one line, exit 2. See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(argv: list[str] | None) -> int:
     import contextlib
+    from pathlib import Path
 
     import torch
 
@@ -33,15 +41,19 @@ def run(argv: list[str] | None) -> int:
         build_console_logger,
         build_model_and_tokenizer,
         build_parser,
+        check_resume,
+        checkpoint_config,
         make_algorithm,
         prepare,
         run_sft,
         trainer_config,
     )
     from ludic_fast.cli.validation import UsageError
-    from ludic_fast.distributed.pipeline import PipelineBatchSource, PipelineKeys, StopRequested
+    from ludic_fast.distributed.pipeline import PipelineBatchSource, PipelineKeys, StopRequested, published_version
     from ludic_fast.distributed.publish import RedisWeightPublisher
+    from ludic_fast.distributed.versions import OffsetPublisher, start_version
     from ludic_fast.engine.stop import StopOnSignal
+    from ludic_fast.run.loggers import JSONLLogger, TeeLogger, keep_jsonl_records
     from ludic_fast.run.stats import default_reducers
     from ludic_fast.trainer import Trainer
 
@@ -49,38 +61,64 @@ def run(argv: list[str] | None) -> int:
     add_pipeline_args(parser)
     args = parser.parse_args(argv)
     try:
-        if args.checkpoint_every > 0 or args.resume:
-            raise UsageError("--checkpoint-every/--resume: the pipeline learner keeps no checkpoints")
+        if (args.checkpoint_every > 0 or args.resume) and args.output_dir is None:
+            raise UsageError("--checkpoint-every/--resume need --output-dir (where the checkpoints live)")
+        resume_step = check_resume(args, ("rl",))  # None without --resume; an error when there is no checkpoint
         tok, task = prepare(args, "train")  # the same input checks as `ludic-fast train`
     except UsageError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    out = None if args.output_dir is None else Path(args.output_dir)
+    ids_log = None
+    logger = build_console_logger(args.logger)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:  # the steps after the checkpoint are trained again: their records go
+            for name in ("metrics.jsonl", "trained_ids.jsonl"):
+                keep_jsonl_records(out / name, lambda r: r["step"] <= resume_step)
+        ids_log = JSONLLogger(out / "trained_ids.jsonl")
+        logger = TeeLogger(logger, JSONLLogger(out / "metrics.jsonl"))
     with StopOnSignal() as stop:  # SIGINT / SIGTERM: finish the current step, then stop (exit 130 / 143)
         model, tok = build_model_and_tokenizer(args, tok)
-        logger = build_console_logger(args.logger)
-        if args.sft_steps > 0:
+        if args.sft_steps > 0 and resume_step is None:  # resumed: the RL checkpoint holds the weights
             model = run_sft(args, model, tok, task, logger, stop=stop)
         if stop.requested:
             print(f"[learner] stopped by {stop.signal_name} in the SFT warm-up: nothing published", file=sys.stderr)
             return stop.exit_code
         keys = PipelineKeys(args.prefix)
-        publisher = RedisWeightPublisher(args.redis_url, keys=keys)
-        publisher.publish({n: p.detach() for n, p in model.named_parameters()}, version=0)  # what actors start from
-        source = PipelineBatchSource(args.redis_url, keys=keys, batch_size=args.prompts_per_batch * args.group_size,
-                                     max_lag=args.max_lag, stop_requested=lambda: stop.requested)
+        trainer = None
+        source = PipelineBatchSource(
+            args.redis_url, keys=keys, batch_size=args.prompts_per_batch * args.group_size, max_lag=args.max_lag,
+            stop_requested=lambda: stop.requested, ack_after_checkpoint=args.checkpoint_every > 0 or args.resume,
+            on_deliver=None if ids_log is None else lambda ids: ids_log.log(trainer.step_idx + 1, {"ids": ids}),
+        )
+        publisher = OffsetPublisher(RedisWeightPublisher(args.redis_url, keys=keys))
         cfg = trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)  # as `ludic-fast train`'s RL phase
+        cfg.max_lag = None  # the source drops stale items, in published versions (which a resume shifts)
         trainer = Trainer(model=model, algo=make_algorithm(args), batch_source=source, cfg=cfg, publisher=publisher,
-                          train_logger=logger, reducers=default_reducers())
+                          train_logger=logger, reducers=default_reducers(),
+                          checkpoint_config=checkpoint_config(args, "rl"),
+                          resume_from=None if resume_step is None else "latest")
+        first = start_version(source.checkpoint_version, published_version(source.conn, keys))
+        publisher.offset = first - trainer.step_idx
+        trainer.push_weights()  # what the actors sample with next: version `first`
+        if resume_step is not None:
+            print(f"[learner] resumed at step {trainer.step_idx}: publishing version {first}", flush=True)
         with contextlib.suppress(StopRequested):  # stopped while waiting for a batch
-            trainer.train_sync(args.rl_steps, stop=stop)
-        source.commit()  # the batches trained on
+            trainer.train_sync(max(0, args.rl_steps - trainer.step_idx), stop=stop)
+        if trainer.checkpointer is None:
+            source.commit()  # the batches trained on
+        elif trainer.checkpointer.latest_step() != trainer.step_idx:
+            trainer.save_checkpoint()  # acknowledges what it covers
         source.mark_done()  # the actors stop
         if stop.requested:
+            kept = (f"a checkpoint of that step under {out / 'rl'}" if trainer.checkpointer is not None
+                    else "no checkpoint (--checkpoint-every 0)")
             print(f"[learner] stopped by {stop.signal_name} after RL step {trainer.step_idx}: its weights are "
-                  f"published (version {trainer.step_idx}), the batches trained on acknowledged, the actors told "
-                  "to stop; the learner keeps no checkpoint", file=sys.stderr)
+                  f"published (version {trainer.step_idx + publisher.offset}), the batches trained on acknowledged, "
+                  f"the actors told to stop; {kept}", file=sys.stderr)
             return stop.exit_code
     print(f"[learner] done: {trainer.step_idx} steps; pipeline counters {source.counters}")
     return 0

@@ -7,7 +7,9 @@ Transport: one Redis stream (`<prefix>:items`) read through a consumer group (`<
   (`counters["malformed"]`) and logged; it never raises in the learner.
 - At-least-once delivery: an entry stays in the group's pending list until the learner acknowledges it,
   and the learner acknowledges (XACK + XDEL) the items of a batch only when it asks for the next batch,
-  i.e. after it has trained on them. After any reconnect the learner re-reads its own pending entries, so
+  i.e. after it has trained on them; a checkpointed learner only once a checkpoint covering them is durable
+  (`PipelineBatchSource`: exactly once in the final model's lineage across a SIGKILL and a resume).
+  After any reconnect the learner re-reads its own pending entries, so
   an entry delivered by a read whose reply was lost is not lost. Run Redis with `--appendonly yes
   --appendfsync always` and a server restart loses nothing either.
 - De-duplication by item id: an actor whose XADD failed with an ambiguous error re-sends the same payload;
@@ -16,8 +18,11 @@ Transport: one Redis stream (`<prefix>:items`) read through a consumer group (`<
   `current_version - policy_version > max_lag` is dropped and counted (`counters["stale"]`). The current
   version is what the learner last published (`<prefix>:weights`, see `ludic_fast.distributed.publish`)
   unless the caller passes `current_version`.
-- Back-pressure and shutdown: a producer waits while the stream holds `max_queued` entries (1024 by
-  default), so actors never run far ahead of the learner; a learner that has finished sets
+- Actors: each round's items go onto the stream in one MULTI/EXEC (an actor killed mid-push leaves all of
+  them or none); ids are `<actor_id>@<incarnation>:<n>`, unique across actor restarts.
+- Back-pressure and shutdown: a producer waits while the stream holds `max_queued` entries no learner has
+  read (1024 by default; checked under WATCH, so with any number of actors at most `max_queued + round
+  size - 1`), so actors never run far ahead of the learner; a learner that has finished sets
   `<prefix>:done` (`PipelineBatchSource.mark_done`, cleared when a learner starts) and actors stop at
   their next round or while they wait. An actor asked to stop (`run_pipeline_actor(stop_requested=...)`,
   e.g. on SIGINT) finishes and pushes its current round, then stops; waiting at the bound, it stops at once.
@@ -132,12 +137,23 @@ def decode_item(payload: bytes) -> SAWItem:
     return item
 
 
+def published_version(conn: ReconnectingRedis, keys: PipelineKeys = DEFAULT_KEYS) -> int | None:
+    """The policy version the learner last published under `keys.weights`, or None when none is."""
+    raw = conn.call(lambda c: c.hget(keys.weights, "version"), "HGET version")
+    return None if raw is None else int(raw)
+
+
 # ----------------------------------------------------------------------------------------------- actor
 class PipelineProducer:
-    """Pushes SAWItems onto the stream with ids `<actor_id>:<n>`; a push survives Redis restarts (the same
-    payload is re-sent until it is acknowledged, and the learner drops the repeat if both copies landed).
-    `max_queued` bounds the entries waiting in the stream (None: unbounded): `push` waits while the stream
-    is that long, and raises LearnerDone if the learner marks the pipeline done meanwhile (StopRequested
+    """Pushes SAWItems onto the stream, each round in one MULTI/EXEC transaction (all of its items or none,
+    whatever kills the actor). Ids are `<actor_id>@<incarnation>:<n>`: a fresh random incarnation per
+    producer, so an actor restarted under the same `actor_id` never repeats an id of its earlier life. A push
+    survives Redis restarts (the same payloads are re-sent until acknowledged; the learner drops a repeat).
+
+    Back-pressure: `queued()` counts the entries no learner has read yet (stream length minus the group's
+    pending entries). A round is pushed only while `queued() < max_queued`, checked and written under WATCH,
+    so however many actors push, the stream never holds more than `max_queued + round size - 1` unread
+    entries. Waiting, `push_round` raises LearnerDone if the learner marks the pipeline done (StopRequested
     once its `stop_requested()` is true)."""
 
     def __init__(
@@ -153,31 +169,69 @@ class PipelineProducer:
             raise ValueError(f"max_queued must be >= 1 or None, got {max_queued}")
         self.keys = keys
         self.actor_id = actor_id or uuid.uuid4().hex[:12]
+        self.incarnation = uuid.uuid4().hex[:8]
         self.max_queued = max_queued
         self.conn = ReconnectingRedis(redis_url, retry_timeout_s=retry_timeout_s)
+        ensure_group(self.conn, keys.stream, keys.group)
         self._seq = itertools.count()
         self.pushed = 0
 
     def push(self, item: SAWItem, policy_version: int, *, stop_requested: Callable[[], bool] = _never) -> str:
-        """Encode and XADD one item; returns its id."""
-        item_id = f"{self.actor_id}:{next(self._seq)}"
-        payload = encode_item(item, item_id=item_id, policy_version=policy_version)
-        if self.max_queued is not None:
-            waited = 0
-            while self.queued() >= self.max_queued:
-                if stop_requested():
-                    raise StopRequested(item_id)
-                if waited % 20 == 0 and self.learner_done():  # about once a second
-                    raise LearnerDone(self.keys.done)
-                time.sleep(0.05)
-                waited += 1
-        self.conn.call(lambda c: c.xadd(self.keys.stream, {_FIELD: payload}), "XADD")
-        self.pushed += 1
-        return item_id
+        """Push one item (a round of one); returns its id."""
+        return self.push_round([item], policy_version, stop_requested=stop_requested)[0]
+
+    def push_round(
+        self, items: Iterable[SAWItem], policy_version: int, *, stop_requested: Callable[[], bool] = _never
+    ) -> list[str]:
+        """Encode the items and XADD them in one transaction once there is room; returns their ids."""
+        ids, payloads = [], []
+        for item in items:
+            ids.append(f"{self.actor_id}@{self.incarnation}:{next(self._seq)}")
+            payloads.append(encode_item(item, item_id=ids[-1], policy_version=policy_version))
+        if not payloads:
+            return ids
+        waited = 0
+        while not self.conn.call(lambda c: self._add_if_room(c, payloads), "XADD round"):
+            if stop_requested():
+                raise StopRequested(ids[0])
+            if waited % 20 == 0 and self.learner_done():  # about once a second
+                raise LearnerDone(self.keys.done)
+            time.sleep(0.05)
+            waited += 1
+        self.pushed += len(ids)
+        return ids
+
+    def _add_if_room(self, client: redis.Redis, payloads: list[bytes]) -> bool:
+        """XADD every payload in one MULTI/EXEC if fewer than `max_queued` entries are unread (checked under
+        WATCH: a concurrent change of the stream retries); False when there is no room."""
+        with client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(self.keys.stream)
+                    if self.max_queued is not None and self._unread(pipe) >= self.max_queued:
+                        pipe.unwatch()
+                        return False
+                    pipe.multi()
+                    for payload in payloads:
+                        pipe.xadd(self.keys.stream, {_FIELD: payload})
+                    pipe.execute()
+                    return True
+                except redis.exceptions.WatchError:
+                    continue
+
+    def _unread(self, client: Any) -> int:
+        try:
+            pending = client.xpending(self.keys.stream, self.keys.group)["pending"]
+        except redis.exceptions.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            ensure_group(self.conn, self.keys.stream, self.keys.group)  # Redis lost its data: as at start-up
+            pending = 0
+        return int(client.xlen(self.keys.stream)) - int(pending)
 
     def queued(self) -> int:
-        """Entries in the stream (pushed, not yet trained on by the learner)."""
-        return int(self.conn.call(lambda c: c.xlen(self.keys.stream), "XLEN"))
+        """Entries in the stream that no learner has read yet."""
+        return self.conn.call(self._unread, "XLEN")
 
     def learner_done(self) -> bool:
         """True once the learner has marked the pipeline done."""
@@ -202,8 +256,9 @@ def run_pipeline_actor(
     `poll_weights`, the first round waits until some weights have been published (items must carry the
     version of the weights that generated them); without it every item has version 0. Runs `num_rounds`
     rounds (None: until the learner marks the pipeline done), logging each round; returns the number of
-    items pushed. Once `stop_requested()` is true it stops after pushing the round in progress, or at once
-    while it waits for the first weights or for room in the stream (the round's remaining items are dropped)."""
+    items pushed. Each round goes onto the stream whole, in one transaction (`PipelineProducer.push_round`).
+    Once `stop_requested()` is true it stops after pushing the round in progress, or at once while it waits
+    for the first weights or for room in the stream (that round is dropped whole)."""
     version = None if poll_weights is not None else 0
     rounds = itertools.count() if num_rounds is None else range(num_rounds)
     try:
@@ -224,10 +279,7 @@ def run_pipeline_actor(
                     time.sleep(wait_interval_s)
                     new = poll_weights()
                 version = version if new is None else new
-            n = 0
-            for item in make_items(version):
-                producer.push(item, version, stop_requested=stop_requested)
-                n += 1
+            n = len(producer.push_round(list(make_items(version)), version, stop_requested=stop_requested))
             log.info("actor %s round %d: pushed %d items of policy version %d (%d in total, %d queued)",
                      producer.actor_id, r + 1, n, version, producer.pushed, producer.queued())
     except LearnerDone:
@@ -247,6 +299,14 @@ class PipelineBatchSource:
     raises StopRequested (within `block_ms`); the entries it had read stay pending, and a learner restarted
     with the same `consumer` name reads them again. `counters` counts received entries and the malformed, duplicate and
     stale drops; they are also copied into each batch's meta as `pipeline_<name>` (cumulative).
+    `on_deliver(ids)` is called with the item ids of each batch before it is returned.
+
+    Checkpointed learner (`ack_after_checkpoint=True`): `next_batch` acknowledges nothing; the entries of the
+    batches returned stay pending until a checkpoint covering them is durable (`state_dict` at its write,
+    `checkpoint_saved` after it; the Trainer calls both). A learner killed at any moment and resumed from its
+    last checkpoint (`load_state_dict`) re-reads its pending entries: those trained after the checkpoint are
+    trained again (that training was lost with the process), those it covered are dropped by id. Every item
+    is thus trained exactly once in the lineage of the final model.
     """
 
     def __init__(
@@ -262,6 +322,8 @@ class PipelineBatchSource:
         retry_timeout_s: float = 120.0,
         max_remembered_ids: int = 1_000_000,
         stop_requested: Callable[[], bool] = _never,
+        ack_after_checkpoint: bool = False,
+        on_deliver: Callable[[list[str]], None] | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -279,6 +341,11 @@ class PipelineBatchSource:
         )
         self._current_version = current_version or self._published_version
         self._stop_requested = stop_requested
+        self.ack_after_checkpoint = ack_after_checkpoint
+        self._on_deliver = on_deliver
+        self._covered: list[bytes] = []  # entries the checkpoint being written covers (`state_dict`)
+        #: the policy version published when the checkpoint restored by `load_state_dict` was written
+        self.checkpoint_version: int | None = None
         self._max_ids = max_remembered_ids
         self._seen: OrderedDict[str, None] = OrderedDict()  # delivered item ids, oldest first
         self._unacked: list[bytes] = []  # entries of batches already returned
@@ -294,13 +361,41 @@ class PipelineBatchSource:
         self.conn.call(lambda c: c.set(self.keys.done, 1), "SET done")
 
     def _published_version(self) -> int:
-        raw = self.conn.call(lambda c: c.hget(self.keys.weights, "version"), "HGET version")
-        return 0 if raw is None else int(raw)
+        version = published_version(self.conn, self.keys)
+        return 0 if version is None else version
 
     def commit(self) -> None:
         """Acknowledge and delete every entry of the batches returned so far (they have been trained on)."""
         self._ack(self._unacked)
         self._unacked = []
+
+    # ------------------------------------------------------------------------------ checkpoint and resume
+    def state_dict(self) -> dict[str, Any]:
+        """JSON state for the learner's checkpoint: the delivered item ids (oldest first) and the policy
+        version published now. The entries returned so far become those the checkpoint covers:
+        `checkpoint_saved()` acknowledges them once it is durable."""
+        self._covered = list(self._unacked)
+        return {"delivered_ids": list(self._seen), "policy_version": self._current_version()}
+
+    def checkpoint_saved(self) -> None:
+        """The checkpoint of the last `state_dict()` is durable: acknowledge and delete the entries it covers
+        (with `ack_after_checkpoint`; otherwise `next_batch` acknowledged them already)."""
+        covered, self._covered = set(self._covered), []
+        self._ack([e for e in self._unacked if e in covered])
+        self._unacked = [e for e in self._unacked if e not in covered]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s delivered ids: a pending entry the checkpoint covered (acknowledgement lost
+        in a crash) is then dropped as a duplicate, one trained after it is delivered again."""
+        ids = state.get("delivered_ids")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise ValueError("batch source state: delivered_ids must be a list of str")
+        version = state.get("policy_version")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"batch source state: policy_version must be a non-negative int, got {version!r}")
+        self._seen = OrderedDict.fromkeys(ids[-self._max_ids:])
+        self.checkpoint_version = version
+        self._pending_cursor = b"0"
 
     def _ack(self, entry_ids: list[bytes]) -> None:
         if not entry_ids:
@@ -368,12 +463,15 @@ class PipelineBatchSource:
 
     def next_batch_sync(self) -> SAWBatch:
         """Blocking `next_batch`."""
-        self.commit()
+        if not self.ack_after_checkpoint:
+            self.commit()
         version = self._current_version()
         items: list[SAWItem] = []
         taken: list[bytes] = []  # acknowledged with the next batch, once trained on
         while len(items) < self.batch_size:
             if self._stop_requested():  # `taken` stays pending: a restart re-reads it
+                for item in items:  # not delivered: a checkpoint written now must not count them
+                    self._seen.pop(item.meta["item_id"], None)
                 raise StopRequested(f"waiting for a batch ({len(items)} of {self.batch_size} items read)")
             dropped: list[bytes] = []
             for entry_id, fields in self._read(self.batch_size - len(items)):
@@ -387,6 +485,8 @@ class PipelineBatchSource:
             self._ack(dropped)
         self._unacked.extend(taken)
         self.counters["delivered"] += len(items)
+        if self._on_deliver is not None:
+            self._on_deliver([i.meta["item_id"] for i in items])
         rewards = [float(i.meta.get("total_reward", 0.0)) for i in items]
         meta: dict[str, Any] = {
             "target_rollouts": len(items),

@@ -290,7 +290,10 @@ class Engine:
             if self.step_idx % self.cfg.sync_every_steps == 0:
                 self.push_weights()
         if self.checkpointer is not None:
-            self.checkpointer.maybe_save(self.model, self.optimizer, step=self.step_idx, state=self._checkpoint_state)
+            saved = self.checkpointer.maybe_save(self.model, self.optimizer, step=self.step_idx,
+                                                 state=self._checkpoint_state)
+            if saved is not None:
+                self._checkpoint_saved()
         grouped = {"train/step": self.step_idx}
         if self.step_idx % self.cfg.log_every == 0:
             stats.update(grad_norm=float(grad_norm), train_step=self.step_idx, skipped_steps=float(self.skipped_steps),
@@ -336,7 +339,16 @@ class Engine:
         if self.checkpointer is None:
             raise ValueError("save_checkpoint needs a checkpoint_config")
         meta, tensors = self._checkpoint_state()
-        return self.checkpointer.save(self.model, self.optimizer, step=self.step_idx, metadata=meta, tensors=tensors)
+        path = self.checkpointer.save(self.model, self.optimizer, step=self.step_idx, metadata=meta, tensors=tensors)
+        self._checkpoint_saved()
+        return path
+
+    def _checkpoint_saved(self) -> None:
+        """Tell the objective that the checkpoint whose `state()` it gave last is durable (`checkpoint_saved`,
+        optional: a pipeline batch source acknowledges the items it covers)."""
+        hook = getattr(self.objective, "checkpoint_saved", None)
+        if hook is not None:
+            hook()
 
     def _checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
         """(metadata, tensors) of a checkpoint of the current step, besides the model and the optimizer."""

@@ -87,7 +87,8 @@ class RLConfig:
 
 class RLObjective:
     """`algo` on the batches of `batch_source` (`async next_batch() -> SAWBatch`, optionally `state_dict()` /
-    `load_state_dict()` for exact resume); `ref_model`: a frozen copy for KL terms and resets; `config`: the
+    `load_state_dict()` for exact resume and `checkpoint_saved()`, called once that checkpoint is durable);
+    `ref_model`: a frozen copy for KL terms and resets; `config`: the
     settings (`RLConfig`, its defaults when None)."""
 
     def __init__(self, algo: RLAlgorithm, batch_source: Any, *, ref_model: nn.Module | None = None,
@@ -261,6 +262,11 @@ class RLObjective:
             meta["batch_source"] = self.batch_source.state_dict()
         tensors = {} if self.ref_model is None else {f"ref.{k}": v for k, v in self.ref_model.state_dict().items()}
         return meta, tensors
+
+    def checkpoint_saved(self) -> None:
+        """The checkpoint of the last `state()` is durable: the batch source's `checkpoint_saved()`, if any."""
+        if hasattr(self.batch_source, "checkpoint_saved"):
+            self.batch_source.checkpoint_saved()
 
     def load_state(self, meta: dict[str, Any], tensors: dict[str, Tensor]) -> None:
         self.ref_resets = int(meta.get("ref_resets", 0))
