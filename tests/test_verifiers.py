@@ -15,7 +15,13 @@ vf = pytest.importorskip("verifiers", reason="verifiers is not installed (pip in
 
 from ludic_fast.agents import EpisodeJob, EpisodeLimits, EpisodeRunner, episode_items  # noqa: E402
 from ludic_fast.agents.episode import ChatTokens, render_ids  # noqa: E402
-from ludic_fast.agents.libraries.verifiers import VerifiersEnv, load, make_env, to_message  # noqa: E402
+from ludic_fast.agents.libraries.verifiers import (  # noqa: E402
+    VerifiersEnv,
+    check_runnable,
+    load,
+    make_env,
+    to_message,
+)
 from ludic_fast.data.batching import collate_saw_items  # noqa: E402
 from ludic_fast.data.credit import EpisodicReturn  # noqa: E402
 from ludic_fast.embedded.tokenizer import ASCII_CHARACTERS, build_char_tokenizer  # noqa: E402
@@ -249,6 +255,24 @@ def test_demonstrations_and_refusals(tok, tmp_path):
         make_env(str(grouped))
     assert to_message(vf.UserMessage(content=[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])) == \
         {"role": "user", "content": "ab"}
+    # a sandbox environment (never built here: 0.3.1's SandboxEnv does not construct with the prime-sandboxes
+    # release pip resolves, nor without Prime's service) is refused by what it is
+    with pytest.raises(ValueError, match="Prime sandboxes"):
+        check_runnable(object.__new__(vf.PythonEnv), "python-env")
+
+
+def test_a_rollout_the_runner_cuts_short_is_cancelled(tok):
+    env = make_env(TOY, kind="multi", num_examples=8)
+    sampler = Replies(tok, ["x"])
+    runner = EpisodeRunner(sampler, tok, limits=EpisodeLimits(max_tokens=4096, max_new_tokens=16, max_turns=1))
+
+    async def play_and_look():  # looked at inside the loop: asyncio.run cancels what is left when it ends
+        (ep,) = await runner.run([EpisodeJob(env, seed=3)])
+        return ep, env._rollout.cancelled()
+
+    ep, cancelled = asyncio.run(play_and_look())
+    assert ep.status == "truncated" and ep.reason == "max_turns" and ep.turns == 1
+    assert cancelled  # close() ended verifiers' rollout, which was waiting for turn 2
 
 
 def test_rewriting_history_fails_only_that_episode(tok, tmp_path):
