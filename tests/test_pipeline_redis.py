@@ -725,20 +725,22 @@ def test_versions_only_go_up_across_a_resume():
 
 
 @needs_server
-def test_many_producers_keep_the_queue_bound(server):
-    """Four producers pushing rounds of 3 at a bound of 5 unread entries: the check and the push happen under
-    WATCH, so the stream ends at 6 unread (0 -> 3 -> 6), never max_queued + 3 - 1 = 7 or beyond."""
-    import threading
+def test_a_concurrent_push_between_room_check_and_push_is_seen(server):
+    """Two actors race for the last room: B pushes a round after A has found room but before A writes. A's
+    transaction runs under WATCH, so it is refused, A checks again, finds the bound reached and waits; without
+    WATCH both rounds would land (6 unread at a bound of 3)."""
+    keys = PipelineKeys("race")
+    a = PipelineProducer(server.url, keys=keys, actor_id="A", max_queued=3)
+    b = PipelineProducer(server.url, keys=keys, actor_id="B", max_queued=3)
+    real, raced = a._unread, []
 
-    keys = PipelineKeys("many")
-    prods = [PipelineProducer(server.url, keys=keys, actor_id=f"P{k}", max_queued=5) for k in range(4)]
-    done = threading.Event()
-    threads = [threading.Thread(target=run_pipeline_actor, args=(lambda v: [_item(0), _item(1), _item(2)], p),
-                                kwargs={"stop_requested": done.is_set}) for p in prods]
-    for t in threads:
-        t.start()
-    time.sleep(1.5)
-    done.set()
-    for t in threads:
-        t.join(timeout=10)
-    assert prods[0].queued() == sum(p.pushed for p in prods) == 6
+    def check_then_race(client):
+        unread = real(client)
+        if not raced:
+            raced.append(b.push_round([_item(0), _item(1), _item(2)], 0))  # lands between A's check and A's EXEC
+        return unread
+
+    a._unread = check_then_race
+    with pytest.raises(StopRequested):
+        a.push_round([_item(3), _item(4), _item(5)], 0, stop_requested=lambda: True)
+    assert raced and a.pushed == 0 and b.pushed == 3 and a.queued() == 3
