@@ -13,6 +13,8 @@ import torch
 
 vf = pytest.importorskip("verifiers", reason="verifiers is not installed (pip install 'ludic-fast[verifiers]')")
 
+from _chat_templates import REASONING_TEMPLATE  # noqa: E402
+
 from ludic_fast.agents import EpisodeJob, EpisodeLimits, EpisodeRunner, episode_items  # noqa: E402
 from ludic_fast.agents.episode import ChatTokens, render_ids  # noqa: E402
 from ludic_fast.agents.libraries.verifiers import (  # noqa: E402
@@ -31,27 +33,12 @@ from ludic_fast.rollout.sampler import Completion  # noqa: E402
 TOY = str(Path(__file__).resolve().parents[1] / "examples" / "verifiers_toy_env.py")
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 61, "b": 48}}</tool_call>'
 
-#: a template with a system prompt and tools that strips the reasoning of assistant turns before the last
-#: user message (as Qwen3's does): re-rendering a conversation changes earlier turns' tokens
-TEMPLATE = (
-    "{% set ns = namespace(last=-1) %}{% for m in messages %}{% if m['role'] == 'user' %}"
-    "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'system' %}[S]{{ m['content'] }}{% if tools %}|tools:"
-    "{% for t in tools %}{{ t['function']['name'] }}{% endfor %}{% endif %}\n"
-    "{% elif m['role'] == 'user' %}[U]{{ m['content'] }}\n"
-    "{% elif m['role'] == 'tool' %}[T]{{ m['content'] }}\n"
-    "{% else %}[A]{% if loop.index0 < ns.last %}{{ m['content'].split('</think>')[-1] }}"
-    "{% else %}{{ m['content'] }}{% endif %}"
-    "{% for c in m.get('tool_calls') or [] %}<tool_call>{{ c['function'] | tojson }}</tool_call>{% endfor %}"
-    "<eos>\n{% endif %}{% endfor %}{% if add_generation_prompt %}[A]{% endif %}"
-)
 
 
 @pytest.fixture(scope="module")
 def tok():
     t = build_char_tokenizer(ASCII_CHARACTERS)
-    t.chat_template = TEMPLATE
+    t.chat_template = REASONING_TEMPLATE
     return t
 
 
