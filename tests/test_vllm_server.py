@@ -133,3 +133,24 @@ def test_nccl_weight_transfer_switches_the_servers_weights(tmp_path):
         completions = engine.generate(prompts[:8], sampling, seed=2)
         assert _max_diff(new, completions, 1.0) < 1e-3  # fp32 on a GPU (TF32 off by default in vLLM's fp32 path)
         assert _max_diff(model, completions, 1.0) > 1e-2
+
+
+def test_the_nccl_paths_routes_and_weight_source_match_the_installed_vllm(server):
+    """What the NCCL path can be checked against on a CPU: every route HTTPControl calls is one of vLLM's RL
+    routes, the real server answers /get_world_size (1 worker), and the push's WeightSource satisfies vLLM's
+    contract (metadata and iteration agree, vLLM's own iter_groups walks every tensor once, in order)."""
+    from vllm.entrypoints.rl.online.api_router import router
+
+    from ludic_fast.rollout.vllm_sampler import map_weights_for_vllm
+    from ludic_fast.rollout.weight_transfer import ROUTES, HTTPControl, _dict_source_class
+
+    engine, model, _, _ = server
+    assert set(ROUTES) <= {r.path for r in router.routes}
+    assert HTTPControl(engine.url, timeout=60).world_size() == 1
+    source = _dict_source_class()()
+    source.weights = map_weights_for_vllm(dict(model.named_parameters()))
+    names = list(source.weights)
+    assert [(m.name, m.dtype, m.shape) for m in source.metadata()] == [
+        (n, t.dtype, tuple(t.shape)) for n, t in source.weights.items()]
+    walked = [n for group, tensors in source.iter_groups() for n in group]
+    assert walked == names and set(names) == engine.checkpoint_names

@@ -82,7 +82,7 @@ class VLLMServerSampler:
     reload it: one disk the servers read), "nccl" (vLLM's weight-transfer API, `rollout.weight_transfer`: GPUs,
     servers started with `--weight-transfer-config '{"backend": "nccl"}'`; refused where it cannot run, naming
     why) or "auto" ("nccl" where it can run, else "reload"; `self.weight_transfer` says which).
-    nccl_address / server_workers: this trainer's address as the servers reach it, and each server's worker count.
+    nccl_address: this trainer's address as the servers reach it (NCCL rendezvous).
     weights_dir: where reload pushes are written (default: a new temporary folder). max_concurrency: requests
     in flight at once, over all servers.
     """
@@ -98,7 +98,6 @@ class VLLMServerSampler:
         timeout: float = 600.0,
         weight_transfer: str = "reload",
         nccl_address: str = "127.0.0.1",
-        server_workers: int = 1,
     ):
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -117,9 +116,9 @@ class VLLMServerSampler:
         self.max_concurrency = max_concurrency
         self.server: VLLMServer | None = None  # the server this engine was started with, kept alive beside it
         self.version = 0
-        self.weight_transfer, self.pushers = self._open_transfer(weight_transfer, nccl_address, server_workers)
+        self.weight_transfer, self.pushers = self._open_transfer(weight_transfer, nccl_address)
 
-    def _open_transfer(self, mode: str, address: str, workers: int) -> tuple[str, list[Any]]:
+    def _open_transfer(self, mode: str, address: str) -> tuple[str, list[Any]]:
         from ludic_fast.rollout.weight_transfer import NCCLWeightPusher, nccl_transfer_unavailable
 
         reason = nccl_transfer_unavailable() if mode != "reload" else None
@@ -129,8 +128,8 @@ class VLLMServerSampler:
             return "reload", []
         if reason is not None:
             raise ValueError(f"weight_transfer='nccl': {reason}")
-        pushers = [NCCLWeightPusher(u, master_address=address, master_port=free_port(address),
-                                    server_workers=workers, timeout=self.timeout) for u in self.urls]
+        pushers = [NCCLWeightPusher(u, master_address=address, master_port=free_port(address), timeout=self.timeout)
+                   for u in self.urls]
         return "nccl", pushers
 
     def _complete(self, url: str, prompt: list[int], sampling: SamplingConfig, seed: int | None) -> Completion:

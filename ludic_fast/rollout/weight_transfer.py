@@ -1,6 +1,7 @@
 """Weights from the trainer to a vLLM server over NCCL, through vLLM's weight-transfer API.
 
-vLLM's server (started with `--weight-transfer-config '{"backend": "nccl"}'`) exposes
+vLLM's server (started with `--weight-transfer-config '{"backend": "nccl"}'` and VLLM_SERVER_DEV_MODE=1, as
+`VLLMServer` sets it) exposes
 `/init_weight_transfer_engine`, `/start_weight_update`, `/update_weights`, `/finish_weight_update`: the trainer
 opens an NCCL group with the server's workers (the trainer is rank 0, the server's W workers ranks 1..W), then
 each push announces the tensors' names, dtypes and shapes over HTTP while it broadcasts their bytes over NCCL;
@@ -37,6 +38,11 @@ def nccl_transfer_unavailable() -> str | None:
     return None
 
 
+#: the server routes HTTPControl calls (vLLM's `vllm/entrypoints/rl/online/api_router.py`, VLLM_SERVER_DEV_MODE=1)
+ROUTES = ("/get_world_size", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
+          "/finish_weight_update", "/shutdown_weight_transfer_engine")
+
+
 class HTTPControl:
     """vLLM's weight-sync control plane (its `VLLMWeightSyncClient` protocol) over the server's HTTP routes."""
 
@@ -47,6 +53,12 @@ class HTTPControl:
         from ludic_fast.rollout.vllm_server import request_json
 
         request_json(f"{self.url}/{route}", body, timeout=self.timeout)
+
+    def world_size(self) -> int:
+        """The server's worker count (tensor x pipeline x data parallel): its ranks in the NCCL group."""
+        from ludic_fast.rollout.vllm_server import request_json
+
+        return int(request_json(f"{self.url}/get_world_size", timeout=self.timeout)["world_size"])
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self._post("init_weight_transfer_engine", {"init_info": init_info})
@@ -84,25 +96,22 @@ def _dict_source_class() -> type:
 
 
 class NCCLWeightPusher:
-    """One vLLM server's NCCL group with this trainer: built once (`init_weight_transfer_engine`), then
-    `push(weights)` per version. `master_address`: this trainer's address as the server reaches it;
-    `server_workers`: the server's tensor x pipeline x data parallel worker count."""
+    """One vLLM server's NCCL group with this trainer: built once (`init_weight_transfer_engine`; the trainer is
+    rank 0, the server's workers, as many as `/get_world_size` reports, ranks 1..W), then `push(weights)` per
+    version. `master_address`: this trainer's address as the server reaches it."""
 
-    def __init__(self, url: str, *, master_address: str, master_port: int, server_workers: int = 1,
-                 timeout: float = 600.0):
+    def __init__(self, url: str, *, master_address: str, master_port: int, timeout: float = 600.0):
         reason = nccl_transfer_unavailable()
         if reason is not None:
             raise RuntimeError(f"weight_transfer='nccl': {reason}")
-        if server_workers < 1:
-            raise ValueError(f"server_workers must be >= 1, got {server_workers}")
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.source = _dict_source_class()()
+        control = HTTPControl(url, timeout=timeout)
         info = NCCLTrainerInitInfo(master_address=master_address, master_port=master_port,
-                                   world_size=1 + server_workers, rank=0)
-        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(
-            info, client=HTTPControl(url, timeout=timeout), source=self.source)
+                                   world_size=1 + control.world_size(), rank=0)
+        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(info, client=control, source=self.source)
 
     def push(self, weights: Mapping[str, Tensor]) -> None:
         """Broadcast `weights` (checkpoint names) to the server's workers, which load them in place."""
