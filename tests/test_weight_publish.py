@@ -22,9 +22,11 @@ from ludic_fast.distributed.publish import (  # noqa: E402
     RedisWeightSubscriber,
     live_key,
     load_into,
+    rechunk,
+    safetensors_pieces,
 )
 
-pytestmark = [needs_server, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 W = torch.arange(6, dtype=torch.float32)  # the published tensor {"w": [0, 1, ..., 5]}
 
 
@@ -48,6 +50,28 @@ def _stored_chunk_keys(client, keys: PipelineKeys) -> list[bytes]:
     return sorted(k for k in client.keys(f"{keys.weights}:*") if k != live_key(keys).encode())
 
 
+def test_streamed_pieces_are_safetensors_own_file_and_rechunk_cuts_exactly():
+    from safetensors.torch import save as st_save
+
+    g = torch.Generator().manual_seed(0)
+    params = {
+        "w": torch.randn(3, 4, generator=g).t(),  # non-contiguous
+        "h": torch.randn(5, generator=g).to(torch.bfloat16), "f": torch.randn(2, generator=g).half(),
+        "i": torch.arange(4), "b": torch.tensor([True, False, True]), "s": torch.tensor(2.5),
+        "e": torch.zeros(0, 3),
+    }
+    size, pieces = safetensors_pieces(params)
+    blob = b"".join(bytes(p) for p in pieces)
+    assert blob == st_save({k: v.contiguous() for k, v in params.items()}) and size == len(blob)
+    assert safetensors_pieces({"w": W})[0] == 88 and b"".join(safetensors_pieces({"w": W})[1]) == (
+        _safetensors_bytes_by_hand())
+    assert list(rechunk(iter([b"abc", b"", memoryview(b"defgh"), b"i"]), 3)) == [b"abc", b"def", b"ghi"]
+    assert list(rechunk(iter([b"abcd"]), 3)) == [b"abc", b"d"] and list(rechunk(iter([b""]), 3)) == []
+    with pytest.raises(TypeError, match="dtype"):
+        safetensors_pieces({"z": torch.zeros(2, dtype=torch.complex64)})
+
+
+@needs_server
 def test_notice_and_chunks_hold_the_hand_derived_bytes(server):
     keys, client = PipelineKeys("n1"), redis.Redis.from_url(server.url)
     blob = _safetensors_bytes_by_hand()
@@ -68,6 +92,7 @@ def test_notice_and_chunks_hold_the_hand_derived_bytes(server):
     assert sub.counters == {"loaded": 1}
 
 
+@needs_server
 def test_at_most_two_sets_alive_and_a_killed_publishers_orphan_is_deleted(server):
     keys, client = PipelineKeys("n2"), redis.Redis.from_url(server.url)
     pub = RedisWeightPublisher(server.url, keys=keys, part_bytes=40)  # 3 chunks a set
@@ -108,6 +133,7 @@ def test_at_most_two_sets_alive_and_a_killed_publishers_orphan_is_deleted(server
     assert torch.equal(target.w, W + 5)
 
 
+@needs_server
 def test_a_set_deleted_while_read_is_counted_torn_and_the_newest_loaded(server):
     keys = PipelineKeys("n3")
     pub = RedisWeightPublisher(server.url, keys=keys, part_bytes=40)
@@ -131,6 +157,7 @@ def test_a_set_deleted_while_read_is_counted_torn_and_the_newest_loaded(server):
     assert sub.counters == {"torn": 1, "loaded": 1}
 
 
+@needs_server
 def test_corrupted_bytes_are_refused_before_loading_and_not_read_again(server):
     keys, client = PipelineKeys("n4"), redis.Redis.from_url(server.url)
     pub = RedisWeightPublisher(server.url, keys=keys, part_bytes=40)
@@ -147,6 +174,7 @@ def test_corrupted_bytes_are_refused_before_loading_and_not_read_again(server):
     assert sub.poll() == 2 and got == [2]
 
 
+@needs_server
 def test_a_notice_of_the_old_whole_blob_format_is_refused(server):
     keys, client = PipelineKeys("n5"), redis.Redis.from_url(server.url)
     client.hset(keys.weights, mapping={"version": 1, "parts": 1, "0": _safetensors_bytes_by_hand()})
@@ -155,6 +183,7 @@ def test_a_notice_of_the_old_whole_blob_format_is_refused(server):
     assert sub.poll() is None and got == [] and sub.counters == {"malformed": 1}
 
 
+@needs_server
 def test_file_store_sends_only_the_notice_through_redis(server, tmp_path):
     keys, client = PipelineKeys("n6"), redis.Redis.from_url(server.url)
     store = tmp_path / "weights"
@@ -178,6 +207,7 @@ def test_file_store_sends_only_the_notice_through_redis(server, tmp_path):
     assert sub.poll() is None and sub.counters["checksum_mismatch"] == 1 and sub.version == 3
 
 
+@needs_server
 def test_bad_arguments_are_refused(server, tmp_path):
     with pytest.raises(ValueError, match="store must be"):
         RedisWeightPublisher(server.url, store="s3")

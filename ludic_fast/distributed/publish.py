@@ -2,8 +2,8 @@
 chunks (or a file on a shared disk), a SHA-256 checksum checked before anything is loaded. Never pickle.
 
 `RedisWeightPublisher.publish(params, version)` is the Trainer's publisher interface (Ludic's
-`publisher.publish(params, version=step)`). It serialises the state dict with safetensors and stores the bytes
-in one of two places:
+`publisher.publish(params, version=step)`). It writes the state dict's safetensors bytes as they are produced,
+one tensor's CPU copy at a time (never the whole file in memory), to one of two places:
 
 - `store="redis"` (default): chunks of at most `part_bytes` bytes, each its own Redis string
   `<prefix>:weights:<version>:<token>:<i>` (`token` is new on every publish, so two publishes never share a key);
@@ -29,16 +29,17 @@ wrap the publisher in `ludic_fast.distributed.rank0.Rank0Publisher`. To a vLLM s
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import struct
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 from torch import Tensor
 
 from ludic_fast.distributed.pipeline import DEFAULT_KEYS, PipelineKeys
@@ -61,12 +62,61 @@ def chunk_key(location: str, index: int) -> str:
     return f"{location}:{index}"
 
 
-def serialise(params: Mapping[str, Tensor]) -> bytes:
-    """The safetensors bytes of `params` (CPU, contiguous)."""
+#: safetensors' dtype codes of the tensors a publish carries, in the order safetensors lays tensors out
+SAFETENSORS_DTYPES = {
+    torch.int64: "I64", torch.float64: "F64", torch.float32: "F32", torch.int32: "I32", torch.bfloat16: "BF16",
+    torch.float16: "F16", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+}
+_DTYPE_RANK = {dtype: rank for rank, dtype in enumerate(SAFETENSORS_DTYPES)}
+
+
+def safetensors_pieces(params: Mapping[str, Tensor]) -> tuple[int, Iterator[bytes | memoryview]]:
+    """The safetensors file of `params`, piece by piece: (its size, an iterator over the 8-byte little-endian
+    header length, the JSON header padded with spaces to a multiple of 8, then each tensor's raw bytes), in
+    safetensors' own order (by dtype as `SAFETENSORS_DTYPES` lists them, then by name), so the joined pieces equal
+    `safetensors.torch.save(params)`. Only one tensor's CPU copy exists at a time."""
     if not isinstance(params, Mapping) or not all(isinstance(v, Tensor) for v in params.values()):
         raise TypeError("params must be a mapping of names to tensors")
-    with torch.no_grad():
-        return st_save({k: v.detach().to("cpu").contiguous() for k, v in params.items()})
+    bad = sorted(k for k, v in params.items() if v.dtype not in SAFETENSORS_DTYPES)
+    if bad:
+        raise TypeError(f"params: {bad[0]!r} has dtype {params[bad[0]].dtype}, not one safetensors stores here")
+    names = sorted(params, key=lambda k: (_DTYPE_RANK[params[k].dtype], k))
+    header, offset = {}, 0
+    for name in names:
+        t = params[name]
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":"))
+    text += " " * (-len(text) % 8)
+    head = struct.pack("<Q", len(text)) + text.encode()
+
+    def pieces() -> Iterator[bytes | memoryview]:
+        yield head
+        for name in names:
+            with torch.no_grad():
+                t = params[name].detach().to("cpu").contiguous()
+            if t.numel():
+                yield memoryview(t.reshape(-1).view(torch.uint8).numpy())  # no copy; the array keeps t alive
+
+    return len(head) + offset, pieces()
+
+
+def rechunk(pieces: Iterator[bytes | memoryview], size: int) -> Iterator[bytes]:
+    """The concatenation of `pieces` cut into chunks of `size` bytes (the last one shorter; none when empty)."""
+    buf = bytearray()
+    for piece in pieces:
+        view = memoryview(piece)
+        while len(view):
+            take = min(size - len(buf), len(view))
+            buf += view[:take]
+            view = view[take:]
+            if len(buf) == size:
+                yield bytes(buf)
+                buf = bytearray()
+    if buf:
+        yield bytes(buf)
 
 
 class RedisWeightPublisher:
@@ -100,29 +150,32 @@ class RedisWeightPublisher:
     def publish(self, params: Mapping[str, Tensor], version: int) -> None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be a non-negative int, got {version!r}")
-        blob = serialise(params)
+        size, pieces = safetensors_pieces(params)
         self._drop_all_but_noticed()
         token = uuid.uuid4().hex[:12]
         if self.store == "redis":
             location = f"{self.keys.weights}:{version}:{token}"
-            chunks = max(1, -(-len(blob) // self.part_bytes))
+            chunks = max(1, -(-size // self.part_bytes))
         else:
             location = str(self.store_dir / f"{self.keys.prefix}-v{version}-{token}.safetensors")
             chunks = 1
         entry = f"{self.store}|{chunks}|{location}"
         self.conn.call(lambda c: c.rpush(live_key(self.keys), entry), "RPUSH live")  # listed before written
+        digest = hashlib.sha256()
         if self.store == "redis":
-            view = memoryview(blob)
-            for i in range(chunks):
-                part = view[i * self.part_bytes : (i + 1) * self.part_bytes]
+            for i, part in enumerate(rechunk(pieces, self.part_bytes)):
+                digest.update(part)
                 self.conn.call(lambda c, i=i, part=part: c.set(chunk_key(location, i), part), "SET weight chunk")
         else:
             tmp = Path(location + ".tmp")
-            tmp.write_bytes(blob)
+            with open(tmp, "wb") as f:
+                for piece in pieces:
+                    digest.update(piece)
+                    f.write(piece)
             os.replace(tmp, location)
         notice = {
             "format": NOTICE_FORMAT, "version": version, "store": self.store, "location": location,
-            "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest(), "chunks": chunks,
+            "size": size, "sha256": digest.hexdigest(), "chunks": chunks,
             "chunk_bytes": self.part_bytes,
         }
 
