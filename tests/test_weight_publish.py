@@ -208,6 +208,26 @@ def test_file_store_sends_only_the_notice_through_redis(server, tmp_path):
 
 
 @needs_server
+def test_file_store_deletes_the_temporary_file_of_a_publisher_killed_mid_write(server, tmp_path, monkeypatch):
+    import ludic_fast.distributed.publish as publish
+
+    store = tmp_path / "weights"
+    pub = RedisWeightPublisher(server.url, keys=PipelineKeys("n7"), store="file", store_dir=store)
+    pub.publish({"w": W}, version=1)
+
+    def killed(src, dst):
+        raise KeyboardInterrupt  # the learner killed between writing and renaming
+
+    monkeypatch.setattr(publish.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pub.publish({"w": W + 2}, version=2)
+    monkeypatch.undo()
+    assert sorted(p.suffix for p in store.iterdir()) == [".safetensors", ".tmp"]
+    pub.publish({"w": W + 3}, version=3)
+    assert sorted(p.name.split("-")[1] for p in store.iterdir()) == ["v1", "v3"]
+
+
+@needs_server
 def test_bad_arguments_are_refused(server, tmp_path):
     with pytest.raises(ValueError, match="store must be"):
         RedisWeightPublisher(server.url, store="s3")

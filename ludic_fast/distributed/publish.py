@@ -59,6 +59,7 @@ def live_key(keys: PipelineKeys) -> str:
 
 
 def chunk_key(location: str, index: int) -> str:
+    """The Redis key of chunk `index` of the set stored at `location`."""
     return f"{location}:{index}"
 
 
@@ -73,8 +74,9 @@ _DTYPE_RANK = {dtype: rank for rank, dtype in enumerate(SAFETENSORS_DTYPES)}
 def safetensors_pieces(params: Mapping[str, Tensor]) -> tuple[int, Iterator[bytes | memoryview]]:
     """The safetensors file of `params`, piece by piece: (its size, an iterator over the 8-byte little-endian
     header length, the JSON header padded with spaces to a multiple of 8, then each tensor's raw bytes), in
-    safetensors' own order (by dtype as `SAFETENSORS_DTYPES` lists them, then by name), so the joined pieces equal
-    `safetensors.torch.save(params)`. Only one tensor's CPU copy exists at a time."""
+    safetensors' own order (by dtype as `SAFETENSORS_DTYPES` lists them, then by name), so for ASCII names the
+    joined pieces equal `safetensors.torch.save(params)` byte for byte (other names are JSON-escaped, which
+    safetensors reads alike). Only one tensor's CPU copy exists at a time."""
     if not isinstance(params, Mapping) or not all(isinstance(v, Tensor) for v in params.values()):
         raise TypeError("params must be a mapping of names to tensors")
     bad = sorted(k for k, v in params.items() if v.dtype not in SAFETENSORS_DTYPES)
@@ -198,8 +200,9 @@ class RedisWeightPublisher:
                 keys = [chunk_key(location, i) for i in range(int(chunks))]
                 for start in range(0, len(keys), 1024):
                     self.conn.call(lambda c, k=keys[start : start + 1024]: c.unlink(*k), "UNLINK weight chunks")
-            else:
+            else:  # and the temporary file of a publisher killed mid-write
                 Path(location).unlink(missing_ok=True)
+                Path(location + ".tmp").unlink(missing_ok=True)
             self.conn.call(lambda c, raw=raw: c.lrem(live_key(self.keys), 0, raw), "LREM live")
 
     def close(self) -> None:
