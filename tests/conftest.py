@@ -38,3 +38,14 @@ def pytest_collection_modifyitems(config, items):
     if gpu:
         config.hook.pytest_deselected(items=gpu)
         items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A started redis-server (tests/_redis.py) on a free loopback port, SIGKILLed after the test."""
+    from _redis import RedisServer
+
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.kill()

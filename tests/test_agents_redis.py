@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("redis", reason="needs the redis Python client")
 pytest.importorskip("msgpack", reason="needs msgpack")
 
-from test_pipeline_redis import RedisServer, needs_server  # noqa: E402
+from _redis import needs_server  # noqa: E402
 
 from ludic_fast.agents import EnvBatchSource, EpisodeLimits, EpisodeRunner  # noqa: E402
 from ludic_fast.agents.embedded_envs import GuessNumberEnv  # noqa: E402
@@ -26,15 +26,7 @@ from ludic_fast.rollout import HFSampler, SamplingConfig  # noqa: E402
 pytestmark = [needs_server, pytest.mark.timeout(120)]
 
 
-@pytest.fixture
-def server(tmp_path):
-    srv = RedisServer(tmp_path)
-    srv.start()
-    yield srv
-    srv.kill()
-
-
-def test_episode_items_cross_redis_unchanged_and_on_policy(server):
+def test_episode_items_cross_redis_unchanged_and_on_policy(redis_server):
     torch.manual_seed(0)
     tok = build_char_tokenizer(ASCII_CHARACTERS)
     model = build_tiny_model(len(tok), seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -48,9 +40,9 @@ def test_episode_items_cross_redis_unchanged_and_on_policy(server):
     sent = asyncio.run(source.next_batch()).items
     assert len(sent) >= 4 and any(sum(i.action_mask) < len(i.input_ids) - 1 for i in sent)
 
-    producer = PipelineProducer(server.url, keys=keys, actor_id="a0")
+    producer = PipelineProducer(redis_server.url, keys=keys, actor_id="a0")
     assert run_pipeline_actor(lambda version: sent, producer, num_rounds=1) == len(sent)
-    learner = PipelineBatchSource(server.url, keys=keys, batch_size=len(sent))
+    learner = PipelineBatchSource(redis_server.url, keys=keys, batch_size=len(sent))
     got = learner.next_batch_sync().items
     learner.close()
 

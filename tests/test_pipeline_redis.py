@@ -10,7 +10,6 @@ import logging
 import multiprocessing
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +22,8 @@ import torch
 
 redis = pytest.importorskip("redis", reason="needs the redis Python client")
 pytest.importorskip("msgpack", reason="needs msgpack")
+
+from _redis import needs_server  # noqa: E402
 
 from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWItem  # noqa: E402
 from ludic_fast.distributed.pipeline import (  # noqa: E402
@@ -39,50 +40,8 @@ from ludic_fast.distributed.publish import RedisWeightPublisher, RedisWeightSubs
 from ludic_fast.distributed.redis_conn import ReconnectingRedis, RedisUnreachableError  # noqa: E402
 from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager  # noqa: E402
 
-REDIS_SERVER = shutil.which("redis-server")
 # a regression in delivery shows up as a learner waiting forever for items: fail instead of hanging
 pytestmark = pytest.mark.timeout(180)
-needs_server = pytest.mark.skipif(REDIS_SERVER is None, reason="needs redis-server (apt-get install redis-server)")
-
-
-class RedisServer:
-    """A redis-server on a free loopback port with fsync-always AOF in `workdir`; `kill()` + `start()` is a
-    crash and restart that keeps the data."""
-
-    def __init__(self, workdir: Path):
-        self.workdir = workdir
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-                "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if client.ping():
-                    return
-            except redis.exceptions.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-
-@pytest.fixture
-def server(tmp_path):
-    srv = RedisServer(tmp_path)
-    srv.start()
-    yield srv
-    srv.kill()
 
 
 def _item(i: int, n_tokens: int = 6) -> SAWItem:
@@ -151,16 +110,16 @@ def test_a_server_never_reached_fails_at_once():
 
 
 @needs_server
-def test_a_server_lost_after_it_was_reached_is_waited_for(server):
-    conn = ReconnectingRedis(server.url, retry_timeout_s=0.5)
+def test_a_server_lost_after_it_was_reached_is_waited_for(redis_server):
+    conn = ReconnectingRedis(redis_server.url, retry_timeout_s=0.5)
     conn.ping()
-    server.kill()
+    redis_server.kill()
     t0 = time.monotonic()
     with pytest.raises(redis.exceptions.ConnectionError) as exc:
         conn.ping()
     assert not isinstance(exc.value, RedisUnreachableError) and time.monotonic() - t0 >= 0.5
-    server.start()
-    ReconnectingRedis(server.url, retry_timeout_s=0.5).ping()  # the URL was reached: a new connection retries too
+    redis_server.start()
+    ReconnectingRedis(redis_server.url, retry_timeout_s=0.5).ping()  # the URL was reached: a new connection retries too
 
 
 @pytest.mark.parametrize("script", ["learner.py", "actor.py"])
@@ -178,14 +137,14 @@ def test_example_scripts_without_redis_exit_2_within_seconds(script):
 
 # ------------------------------------------------------------------------------- back-pressure, shutdown
 @needs_server
-def test_actor_waits_at_the_queue_bound_and_stops_when_the_learner_is_done(server, caplog):
+def test_actor_waits_at_the_queue_bound_and_stops_when_the_learner_is_done(redis_server, caplog):
     import threading
 
     caplog.set_level(logging.INFO, logger="ludic_fast.distributed.pipeline")
     keys = PipelineKeys("bound")
-    assert PipelineProducer(server.url, keys=keys).max_queued == 1024  # bounded by default
-    src = PipelineBatchSource(server.url, keys=keys, batch_size=2, block_ms=50)
-    prod = PipelineProducer(server.url, keys=keys, actor_id="A", max_queued=3)
+    assert PipelineProducer(redis_server.url, keys=keys).max_queued == 1024  # bounded by default
+    src = PipelineBatchSource(redis_server.url, keys=keys, batch_size=2, block_ms=50)
+    prod = PipelineProducer(redis_server.url, keys=keys, actor_id="A", max_queued=3)
     result = {}
     actor = threading.Thread(target=lambda: result.update(pushed=run_pipeline_actor(lambda v: [_item(0), _item(1)],
                                                                                     prod)))
@@ -208,12 +167,12 @@ def test_actor_waits_at_the_queue_bound_and_stops_when_the_learner_is_done(serve
     actor.join(timeout=10)
     assert not actor.is_alive() and result["pushed"] == 6
     assert "the learner finished while this actor waited" in caplog.text and "round 1: pushed 2 items" in caplog.text
-    PipelineBatchSource(server.url, keys=keys, batch_size=2)  # a new learner clears the mark
+    PipelineBatchSource(redis_server.url, keys=keys, batch_size=2)  # a new learner clears the mark
     assert not prod.learner_done()
 
 
 @needs_server
-def test_actor_and_learner_stop_on_request(server):
+def test_actor_and_learner_stop_on_request(redis_server):
     """The actor pushes the round in progress, then stops; waiting for weights or at the bound it stops at
     once. The learner's source raises StopRequested while it waits, and what it had read stays pending."""
     import threading
@@ -228,7 +187,7 @@ def test_actor_and_learner_stop_on_request(server):
         return [_item(0), _item(1)]
 
     keys = PipelineKeys("stop")
-    prod = PipelineProducer(server.url, keys=keys, actor_id="S", max_queued=3)
+    prod = PipelineProducer(redis_server.url, keys=keys, actor_id="S", max_queued=3)
     assert run_pipeline_actor(make_items, prod, stop_requested=stop.is_set) == 4  # round 2 pushed whole, then stop
     assert len(rounds) == 2
     stop.clear()
@@ -242,24 +201,24 @@ def test_actor_and_learner_stop_on_request(server):
     t0 = time.monotonic()  # 4 unread >= max_queued 3: round 3 waits at the bound until the request, then is dropped
     assert run_pipeline_actor(make_items, prod, stop_requested=stop.is_set) == 4
     assert time.monotonic() - t0 < 5 and len(rounds) == 3 and prod.queued() == 4
-    src = PipelineBatchSource(server.url, keys=keys, batch_size=5, block_ms=50,
+    src = PipelineBatchSource(redis_server.url, keys=keys, batch_size=5, block_ms=50,
                               stop_requested=lambda: src.counters["received"] == 4)  # once it has read all 4
     with pytest.raises(StopRequested, match="4 of 5 items read"):
         src.next_batch_sync()
     src.commit()  # nothing trained: nothing acknowledged
     src.close()
-    again = PipelineBatchSource(server.url, keys=keys, batch_size=4, block_ms=50)
+    again = PipelineBatchSource(redis_server.url, keys=keys, batch_size=4, block_ms=50)
     assert len(again.next_batch_sync().items) == 4  # the same consumer name reads its pending entries again
 
 
 # ------------------------------------------------------------------------------- delivery semantics
 @needs_server
-def test_batch_source_drops_malformed_duplicate_and_stale_and_acks_after_training(server, caplog):
+def test_batch_source_drops_malformed_duplicate_and_stale_and_acks_after_training(redis_server, caplog):
     caplog.set_level(logging.INFO, logger="ludic_fast.distributed.pipeline")
     keys = PipelineKeys("t1")
-    client = redis.Redis.from_url(server.url)
-    prod = PipelineProducer(server.url, keys=keys, actor_id="A")
-    src = PipelineBatchSource(server.url, keys=keys, batch_size=3, max_lag=1, current_version=lambda: 5,
+    client = redis.Redis.from_url(redis_server.url)
+    prod = PipelineProducer(redis_server.url, keys=keys, actor_id="A")
+    src = PipelineBatchSource(redis_server.url, keys=keys, batch_size=3, max_lag=1, current_version=lambda: 5,
                               block_ms=50)
     first = encode_item(_item(0), item_id="dup", policy_version=5)
     client.xadd(keys.stream, {b"payload": first})
@@ -288,24 +247,24 @@ def test_batch_source_drops_malformed_duplicate_and_stale_and_acks_after_trainin
 
 
 @needs_server
-def test_learner_restart_redelivers_the_unacknowledged_batch(server):
+def test_learner_restart_redelivers_the_unacknowledged_batch(redis_server):
     keys = PipelineKeys("t2")
-    prod = PipelineProducer(server.url, keys=keys, actor_id="A")
+    prod = PipelineProducer(redis_server.url, keys=keys, actor_id="A")
     ids = [prod.push(_item(i), 0) for i in range(4)]
-    src = PipelineBatchSource(server.url, keys=keys, batch_size=2, block_ms=50)
+    src = PipelineBatchSource(redis_server.url, keys=keys, batch_size=2, block_ms=50)
     assert [i.meta["item_id"] for i in src.next_batch_sync().items] == ids[:2]
     src.close()  # crashed before training on it: nothing acknowledged
-    again = PipelineBatchSource(server.url, keys=keys, batch_size=3, block_ms=50)
+    again = PipelineBatchSource(redis_server.url, keys=keys, batch_size=3, block_ms=50)
     batch = asyncio.run(again.next_batch())  # Ludic's async BatchSource API
     assert [i.meta["item_id"] for i in batch.items] == ids[:3]
 
 
 @needs_server
-def test_entries_delivered_by_a_read_whose_reply_was_lost_are_not_lost(server):
+def test_entries_delivered_by_a_read_whose_reply_was_lost_are_not_lost(redis_server):
     keys = PipelineKeys("t4")
-    prod = PipelineProducer(server.url, keys=keys, actor_id="A")
+    prod = PipelineProducer(redis_server.url, keys=keys, actor_id="A")
     ids = [prod.push(_item(i), 0) for i in range(4)]
-    src = PipelineBatchSource(server.url, keys=keys, batch_size=4, block_ms=50)
+    src = PipelineBatchSource(redis_server.url, keys=keys, batch_size=4, block_ms=50)
     src._pending_cursor = None  # past start-up: reading new entries
     real = src.conn.client.xreadgroup
     calls = []
@@ -325,27 +284,27 @@ def test_entries_delivered_by_a_read_whose_reply_was_lost_are_not_lost(server):
 
 
 @needs_server
-def test_learner_survives_redis_losing_its_data(server):
+def test_learner_survives_redis_losing_its_data(redis_server):
     keys = PipelineKeys("t5")
-    src = PipelineBatchSource(server.url, keys=keys, batch_size=2, block_ms=50)
-    prod = PipelineProducer(server.url, keys=keys, actor_id="A")
+    src = PipelineBatchSource(redis_server.url, keys=keys, batch_size=2, block_ms=50)
+    prod = PipelineProducer(redis_server.url, keys=keys, actor_id="A")
     first = [prod.push(_item(0), 0), prod.push(_item(9), 0)]
     assert first == [f"A@{prod.incarnation}:0", f"A@{prod.incarnation}:1"]
     assert [i.meta["item_id"] for i in src.next_batch_sync().items] == first
-    redis.Redis.from_url(server.url).flushall()  # as a restart without persistence would
+    redis.Redis.from_url(redis_server.url).flushall()  # as a restart without persistence would
     second = [prod.push(_item(1), 0), prod.push(_item(2), 0)]  # the producer recreates the stream and group
     ids = [i.meta["item_id"] for i in src.next_batch_sync().items]
     assert ids == second, ids  # the group is recreated from the stream's start; nothing raised
 
 
 @needs_server
-def test_weights_roundtrip_in_parts_and_versions(server):
+def test_weights_roundtrip_in_parts_and_versions(redis_server):
     keys = PipelineKeys("t3")
     model = torch.nn.Linear(5, 3)
     target = torch.nn.Linear(5, 3)
-    pub = RedisWeightPublisher(server.url, keys=keys, part_bytes=64)  # many parts
+    pub = RedisWeightPublisher(redis_server.url, keys=keys, part_bytes=64)  # many parts
     seen = []
-    sub = RedisWeightSubscriber(server.url, lambda s, v: (load_into(target)(s, v), seen.append(v)), keys=keys)
+    sub = RedisWeightSubscriber(redis_server.url, lambda s, v: (load_into(target)(s, v), seen.append(v)), keys=keys)
     assert sub.poll() is None
     pub.publish(model.state_dict(), version=1)
     assert sub.poll() == 1 and sub.poll() is None
@@ -355,7 +314,7 @@ def test_weights_roundtrip_in_parts_and_versions(server):
     pub.publish(model.state_dict(), version=2)
     assert sub.poll() == 2 and seen == [1, 2]
     torch.testing.assert_close(target.weight, model.weight, rtol=0, atol=0)
-    src = PipelineBatchSource(server.url, keys=keys, batch_size=1, max_lag=0, block_ms=50)
+    src = PipelineBatchSource(redis_server.url, keys=keys, batch_size=1, max_lag=0, block_ms=50)
     assert src._current_version() == 2  # the default learner version is the published one
     with pytest.raises(ValueError, match="version"):
         pub.publish(model.state_dict(), version=-1)
@@ -472,20 +431,20 @@ def _wait(cond, what: str, timeout: float = 150.0) -> None:
 
 
 @needs_server
-def test_actor_and_learner_processes_survive_redis_restart(server, tmp_path):
+def test_actor_and_learner_processes_survive_redis_restart(redis_server, tmp_path):
     ctx = multiprocessing.get_context("spawn")
     learner_log, actor_log = tmp_path / "learner.jsonl", tmp_path / "actor.jsonl"
-    learner = ctx.Process(target=_learner_main, args=(server.url, str(learner_log)))
-    actor = ctx.Process(target=_actor_main, args=(server.url, str(actor_log), STEPS))
+    learner = ctx.Process(target=_learner_main, args=(redis_server.url, str(learner_log)))
+    actor = ctx.Process(target=_actor_main, args=(redis_server.url, str(actor_log), STEPS))
     learner.start()
     actor.start()
     try:
         steps = lambda: [r for r in _records(learner_log) if "step" in r]  # noqa: E731
         _wait(lambda: len(steps()) >= 3, "3 learner steps")
-        server.kill()  # crash: whatever Redis acknowledged is in the fsync'd AOF
+        redis_server.kill()  # crash: whatever Redis acknowledged is in the fsync'd AOF
         time.sleep(0.5)
-        server.start()
-        client = redis.Redis.from_url(server.url)
+        redis_server.start()
+        client = redis.Redis.from_url(redis_server.url)
         client.xadd(PipelineKeys().stream, {b"payload": b"\x93 definitely not an item"})
         _wait(lambda: len(steps()) >= MAX_LAG + 1, f"{MAX_LAG + 1} learner steps")
         stale_ids = [f"stale:{i}" for i in range(3)]
@@ -524,10 +483,10 @@ def test_actor_and_learner_processes_survive_redis_restart(server, tmp_path):
 
 
 @needs_server
-def test_example_actor_and_learner_scripts_run(server):
+def test_example_actor_and_learner_scripts_run(redis_server):
     """examples/pipeline_rl: one actor and the learner (Trainer, HF generate rollouts) on the embedded default."""
     root = EXAMPLES
-    common = ["--redis-url", server.url, "--prefix", "ex", "--prompts-per-batch", "2", "--group-size", "2",
+    common = ["--redis-url", redis_server.url, "--prefix", "ex", "--prompts-per-batch", "2", "--group-size", "2",
               "--threads", "1", "--max-lag", "4", "--device", "cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     learner = subprocess.Popen(
@@ -559,13 +518,13 @@ def _stderr_until(proc: subprocess.Popen, marker: str, timeout: float = 120.0) -
 
 
 @needs_server
-def test_example_scripts_stop_on_sigint_and_sigterm(server):
+def test_example_scripts_stop_on_sigint_and_sigterm(redis_server):
     """The learner waiting for its first batch (no actor) stops on SIGINT: exit 130, the actors told to stop,
     one closing line, no traceback; the actor waiting for the first weights (no learner) stops on SIGTERM: 143."""
-    common = ["--redis-url", server.url, "--prompts-per-batch", "2", "--group-size", "2", "--threads", "1",
+    common = ["--redis-url", redis_server.url, "--prompts-per-batch", "2", "--group-size", "2", "--threads", "1",
               "--device", "cpu", "--logger", "none"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    client = redis.Redis.from_url(server.url)
+    client = redis.Redis.from_url(redis_server.url)
     refused = subprocess.run([sys.executable, str(EXAMPLES / "learner.py"), *common, "--checkpoint-every", "5"],
                              capture_output=True, text=True, env=env, timeout=120)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
@@ -593,15 +552,15 @@ def test_example_scripts_stop_on_sigint_and_sigterm(server):
 
 # ------------------------------------------------------------------------- checkpointed learner, soak
 @needs_server
-def test_checkpointed_source_acks_only_what_a_durable_checkpoint_covers(server):
+def test_checkpointed_source_acks_only_what_a_durable_checkpoint_covers(redis_server):
     """ack_after_checkpoint: entries stay pending until checkpoint_saved(); a source restored from the
     checkpoint's state drops the covered entries still pending (the crash came before their XACK) and
     delivers the later ones again (their training was lost)."""
     keys = PipelineKeys("ck")
-    client = redis.Redis.from_url(server.url)
-    prod = PipelineProducer(server.url, keys=keys, actor_id="A")
+    client = redis.Redis.from_url(redis_server.url)
+    prod = PipelineProducer(redis_server.url, keys=keys, actor_id="A")
     ids = prod.push_round([_item(i) for i in range(6)], 0)
-    src = PipelineBatchSource(server.url, keys=keys, batch_size=2, block_ms=50, ack_after_checkpoint=True,
+    src = PipelineBatchSource(redis_server.url, keys=keys, batch_size=2, block_ms=50, ack_after_checkpoint=True,
                               current_version=lambda: 3)
     assert [i.meta["item_id"] for i in src.next_batch_sync().items] == ids[:2]
     state = src.state_dict()  # a checkpoint after step 1 is being written...
@@ -609,7 +568,7 @@ def test_checkpointed_source_acks_only_what_a_durable_checkpoint_covers(server):
     assert [i.meta["item_id"] for i in src.next_batch_sync().items] == ids[2:4]  # step 2: nothing acknowledged
     assert client.xpending(keys.stream, keys.group)["pending"] == 4
     src.close()  # ...SIGKILL: the checkpoint of step 1 is on disk, checkpoint_saved() never ran
-    again = PipelineBatchSource(server.url, keys=keys, batch_size=2, block_ms=50, ack_after_checkpoint=True)
+    again = PipelineBatchSource(redis_server.url, keys=keys, batch_size=2, block_ms=50, ack_after_checkpoint=True)
     again.load_state_dict(state)
     assert again.checkpoint_version == 3
     assert [i.meta["item_id"] for i in again.next_batch_sync().items] == ids[2:4]  # trained again, once
@@ -627,7 +586,7 @@ def _versions_seen(log: str) -> list[int]:
 
 @needs_server
 @pytest.mark.timeout(300)  # six process start-ups (torch, transformers) on two cores
-def test_soak_four_actors_learner_sigkilled_and_resumed(server, tmp_path):
+def test_soak_four_actors_learner_sigkilled_and_resumed(redis_server, tmp_path):
     """Four actor processes and the learner (examples/pipeline_rl) on loopback Redis: one actor is SIGKILLed
     mid-run, the learner is SIGKILLed after a step its last checkpoint does not cover and resumed with --resume.
     Every item is trained exactly once in the final model's lineage (trained_ids.jsonl), none is lost (the
@@ -635,7 +594,7 @@ def test_soak_four_actors_learner_sigkilled_and_resumed(server, tmp_path):
     no surviving actor loaded a weight set whose checksum failed (publish.py's counters)."""
     out = tmp_path / "run"
     round_size, steps, every = 4, 30, 5
-    common = ["--redis-url", server.url, "--prefix", "soak", "--prompts-per-batch", "2", "--group-size", "2",
+    common = ["--redis-url", redis_server.url, "--prefix", "soak", "--prompts-per-batch", "2", "--group-size", "2",
               "--threads", "1", "--device", "cpu", "--logger", "none"]
     learner_cmd = [sys.executable, str(EXAMPLES / "learner.py"), *common, "--sft-steps", "0", "--rl-steps",
                    str(steps), "--eval-every", "0", "--output-dir", str(out), "--checkpoint-every", str(every)]
@@ -683,7 +642,7 @@ def test_soak_four_actors_learner_sigkilled_and_resumed(server, tmp_path):
     assert sorted({r["step"] for r in records}) == list(range(1, steps + 1))
     trained = [i for r in records for i in r["ids"]]
     assert len(trained) == len(set(trained)), "an item was trained twice in the final model's lineage"
-    client = redis.Redis.from_url(server.url)
+    client = redis.Redis.from_url(redis_server.url)
     queued = [decode_item(f[b"payload"]).meta["item_id"] for _, f in client.xrange("soak:items")]
     assert not set(trained) & set(queued), "a trained item is still queued"
     lives: dict[str, list[int]] = {}
@@ -725,13 +684,13 @@ def test_versions_only_go_up_across_a_resume():
 
 
 @needs_server
-def test_a_concurrent_push_between_room_check_and_push_is_seen(server):
+def test_a_concurrent_push_between_room_check_and_push_is_seen(redis_server):
     """Two actors race for the last room: B pushes a round after A has found room but before A writes. A's
     transaction runs under WATCH, so it is refused, A checks again, finds the bound reached and waits; without
     WATCH both rounds would land (6 unread at a bound of 3)."""
     keys = PipelineKeys("race")
-    a = PipelineProducer(server.url, keys=keys, actor_id="A", max_queued=3)
-    b = PipelineProducer(server.url, keys=keys, actor_id="B", max_queued=3)
+    a = PipelineProducer(redis_server.url, keys=keys, actor_id="A", max_queued=3)
+    b = PipelineProducer(redis_server.url, keys=keys, actor_id="B", max_queued=3)
     real, raced = a._unread, []
 
     def check_then_race(client):

@@ -14,7 +14,7 @@ import torch
 redis = pytest.importorskip("redis", reason="needs the redis Python client")
 pytest.importorskip("msgpack", reason="needs msgpack")
 
-from test_pipeline_redis import RedisServer, needs_server  # noqa: E402
+from _redis import needs_server  # noqa: E402
 
 from ludic_fast.distributed.pipeline import PipelineKeys  # noqa: E402
 from ludic_fast.distributed.publish import (  # noqa: E402
@@ -36,14 +36,6 @@ def _safetensors_bytes_by_hand() -> bytes:
     header = json.dumps({"w": {"dtype": "F32", "shape": [6], "data_offsets": [0, 24]}}, separators=(",", ":"))
     header += " " * (-len(header) % 8)
     return struct.pack("<Q", len(header)) + header.encode() + struct.pack("<6f", 0, 1, 2, 3, 4, 5)
-
-
-@pytest.fixture
-def server(tmp_path):
-    srv = RedisServer(tmp_path)
-    srv.start()
-    yield srv
-    srv.kill()
 
 
 def _stored_chunk_keys(client, keys: PipelineKeys) -> list[bytes]:
@@ -72,11 +64,11 @@ def test_streamed_pieces_are_safetensors_own_file_and_rechunk_cuts_exactly():
 
 
 @needs_server
-def test_notice_and_chunks_hold_the_hand_derived_bytes(server):
-    keys, client = PipelineKeys("n1"), redis.Redis.from_url(server.url)
+def test_notice_and_chunks_hold_the_hand_derived_bytes(redis_server):
+    keys, client = PipelineKeys("n1"), redis.Redis.from_url(redis_server.url)
     blob = _safetensors_bytes_by_hand()
     assert len(blob) == 8 + 56 + 24  # the 55-byte header padded to 56
-    RedisWeightPublisher(server.url, keys=keys, part_bytes=40).publish({"w": W}, version=7)
+    RedisWeightPublisher(redis_server.url, keys=keys, part_bytes=40).publish({"w": W}, version=7)
     notice = client.hgetall(keys.weights)
     location = notice[b"location"].decode()
     assert location.startswith("n1:weights:7:")
@@ -86,16 +78,16 @@ def test_notice_and_chunks_hold_the_hand_derived_bytes(server):
     assert sum(len(v) for v in notice.values()) < 200  # a notice, not the weights
     assert [client.get(f"{location}:{i}") for i in range(3)] == [blob[:40], blob[40:80], blob[80:]]
     got = []
-    sub = RedisWeightSubscriber(server.url, lambda s, v: got.append((s, v)), keys=keys)
+    sub = RedisWeightSubscriber(redis_server.url, lambda s, v: got.append((s, v)), keys=keys)
     assert sub.poll() == 7 and sub.poll() is None
     assert len(got) == 1 and got[0][1] == 7 and torch.equal(got[0][0]["w"], W)
     assert sub.counters == {"loaded": 1}
 
 
 @needs_server
-def test_at_most_two_sets_alive_and_a_killed_publishers_orphan_is_deleted(server):
-    keys, client = PipelineKeys("n2"), redis.Redis.from_url(server.url)
-    pub = RedisWeightPublisher(server.url, keys=keys, part_bytes=40)  # 3 chunks a set
+def test_at_most_two_sets_alive_and_a_killed_publishers_orphan_is_deleted(redis_server):
+    keys, client = PipelineKeys("n2"), redis.Redis.from_url(redis_server.url)
+    pub = RedisWeightPublisher(redis_server.url, keys=keys, part_bytes=40)  # 3 chunks a set
     for v in range(1, 5):
         pub.publish({"w": W + v}, version=v)
         assert client.llen(live_key(keys)) == min(v, 2)
@@ -122,24 +114,24 @@ def test_at_most_two_sets_alive_and_a_killed_publishers_orphan_is_deleted(server
     # v3 was deleted before v5's write began; v5's one written chunk is listed as alive
     orphan = [e for e in client.lrange(live_key(keys), 0, -1) if b"n2:weights:5:" in e]
     assert len(orphan) == 1 and len(_stored_chunk_keys(client, keys)) == 3 + 1
-    fresh = RedisWeightPublisher(server.url, keys=keys, part_bytes=40)  # the restarted learner
+    fresh = RedisWeightPublisher(redis_server.url, keys=keys, part_bytes=40)  # the restarted learner
     fresh.publish({"w": W + 5}, version=5)
     assert client.llen(live_key(keys)) == 2 and len(_stored_chunk_keys(client, keys)) == 3 * 2
     assert orphan[0] not in client.lrange(live_key(keys), 0, -1)
     assert client.get(orphan[0].decode().split("|", 2)[2] + ":0") is None
     target = torch.nn.Module()
     target.register_buffer("w", torch.zeros(6))
-    assert RedisWeightSubscriber(server.url, load_into(target), keys=keys).poll() == 5
+    assert RedisWeightSubscriber(redis_server.url, load_into(target), keys=keys).poll() == 5
     assert torch.equal(target.w, W + 5)
 
 
 @needs_server
-def test_a_set_deleted_while_read_is_counted_torn_and_the_newest_loaded(server):
+def test_a_set_deleted_while_read_is_counted_torn_and_the_newest_loaded(redis_server):
     keys = PipelineKeys("n3")
-    pub = RedisWeightPublisher(server.url, keys=keys, part_bytes=40)
+    pub = RedisWeightPublisher(redis_server.url, keys=keys, part_bytes=40)
     pub.publish({"w": W + 1}, version=1)
     got = []
-    sub = RedisWeightSubscriber(server.url, lambda s, v: got.append((v, s["w"].clone())), keys=keys)
+    sub = RedisWeightSubscriber(redis_server.url, lambda s, v: got.append((v, s["w"].clone())), keys=keys)
     real_get = sub.conn.call
     state = {"overtaken": False}
 
@@ -158,16 +150,16 @@ def test_a_set_deleted_while_read_is_counted_torn_and_the_newest_loaded(server):
 
 
 @needs_server
-def test_corrupted_bytes_are_refused_before_loading_and_not_read_again(server):
-    keys, client = PipelineKeys("n4"), redis.Redis.from_url(server.url)
-    pub = RedisWeightPublisher(server.url, keys=keys, part_bytes=40)
+def test_corrupted_bytes_are_refused_before_loading_and_not_read_again(redis_server):
+    keys, client = PipelineKeys("n4"), redis.Redis.from_url(redis_server.url)
+    pub = RedisWeightPublisher(redis_server.url, keys=keys, part_bytes=40)
     pub.publish({"w": W}, version=1)
     location = client.hget(keys.weights, "location").decode()
     last = bytearray(client.get(f"{location}:2"))
     last[-1] ^= 0x01  # one bit of the last float: still a valid safetensors file
     client.set(f"{location}:2", bytes(last))
     got = []
-    sub = RedisWeightSubscriber(server.url, lambda s, v: got.append(v), keys=keys)
+    sub = RedisWeightSubscriber(redis_server.url, lambda s, v: got.append(v), keys=keys)
     assert sub.poll() is None and sub.poll() is None and got == []
     assert sub.counters == {"checksum_mismatch": 1} and sub.version == -1
     pub.publish({"w": W}, version=2)
@@ -175,21 +167,21 @@ def test_corrupted_bytes_are_refused_before_loading_and_not_read_again(server):
 
 
 @needs_server
-def test_a_notice_of_the_old_whole_blob_format_is_refused(server):
-    keys, client = PipelineKeys("n5"), redis.Redis.from_url(server.url)
+def test_a_notice_of_the_old_whole_blob_format_is_refused(redis_server):
+    keys, client = PipelineKeys("n5"), redis.Redis.from_url(redis_server.url)
     client.hset(keys.weights, mapping={"version": 1, "parts": 1, "0": _safetensors_bytes_by_hand()})
     got = []
-    sub = RedisWeightSubscriber(server.url, lambda s, v: got.append(v), keys=keys)
+    sub = RedisWeightSubscriber(redis_server.url, lambda s, v: got.append(v), keys=keys)
     assert sub.poll() is None and got == [] and sub.counters == {"malformed": 1}
 
 
 @needs_server
-def test_file_store_sends_only_the_notice_through_redis(server, tmp_path):
-    keys, client = PipelineKeys("n6"), redis.Redis.from_url(server.url)
+def test_file_store_sends_only_the_notice_through_redis(redis_server, tmp_path):
+    keys, client = PipelineKeys("n6"), redis.Redis.from_url(redis_server.url)
     store = tmp_path / "weights"
-    pub = RedisWeightPublisher(server.url, keys=keys, store="file", store_dir=store)
+    pub = RedisWeightPublisher(redis_server.url, keys=keys, store="file", store_dir=store)
     got = []
-    sub = RedisWeightSubscriber(server.url, lambda s, v: got.append((v, s["w"].clone())), keys=keys)
+    sub = RedisWeightSubscriber(redis_server.url, lambda s, v: got.append((v, s["w"].clone())), keys=keys)
     for v in (1, 2, 3):
         pub.publish({"w": W + v}, version=v)
     assert _stored_chunk_keys(client, keys) == [] and len(list(store.iterdir())) == 2
@@ -208,11 +200,11 @@ def test_file_store_sends_only_the_notice_through_redis(server, tmp_path):
 
 
 @needs_server
-def test_file_store_deletes_the_temporary_file_of_a_publisher_killed_mid_write(server, tmp_path, monkeypatch):
+def test_file_store_deletes_the_temporary_file_of_a_publisher_killed_mid_write(redis_server, tmp_path, monkeypatch):
     import ludic_fast.distributed.publish as publish
 
     store = tmp_path / "weights"
-    pub = RedisWeightPublisher(server.url, keys=PipelineKeys("n7"), store="file", store_dir=store)
+    pub = RedisWeightPublisher(redis_server.url, keys=PipelineKeys("n7"), store="file", store_dir=store)
     pub.publish({"w": W}, version=1)
 
     def killed(src, dst):
@@ -228,14 +220,14 @@ def test_file_store_deletes_the_temporary_file_of_a_publisher_killed_mid_write(s
 
 
 @needs_server
-def test_bad_arguments_are_refused(server, tmp_path):
+def test_bad_arguments_are_refused(redis_server, tmp_path):
     with pytest.raises(ValueError, match="store must be"):
-        RedisWeightPublisher(server.url, store="s3")
+        RedisWeightPublisher(redis_server.url, store="s3")
     with pytest.raises(ValueError, match="store_dir"):
-        RedisWeightPublisher(server.url, store="file")
+        RedisWeightPublisher(redis_server.url, store="file")
     with pytest.raises(ValueError, match="store_dir"):
-        RedisWeightPublisher(server.url, store_dir=tmp_path)
+        RedisWeightPublisher(redis_server.url, store_dir=tmp_path)
     with pytest.raises(ValueError, match="part_bytes"):
-        RedisWeightPublisher(server.url, part_bytes=0)
+        RedisWeightPublisher(redis_server.url, part_bytes=0)
     with pytest.raises(TypeError, match="params"):
-        RedisWeightPublisher(server.url).publish({"w": [1.0]}, version=0)
+        RedisWeightPublisher(redis_server.url).publish({"w": [1.0]}, version=0)
