@@ -307,6 +307,32 @@ def test_group_normalisation_across_the_episodes_of_one_seed(tok, tmp_path):
     assert len(lines) == 2 and lines[0]["messages"][-1] == {"role": "assistant", "content": "408"}
 
 
+def test_reward_functions_see_how_the_episode_ended(tok):
+    """`truncated` with weight -1.5: the episode whose turn is cut at max_new_tokens (no stop token; the
+    environment gives it nothing) returns 0 - 1.5, the one that answers 408 returns 1 + 0."""
+    from ludic_fast.agents.rewards import truncated
+
+    answers = iter(["408", "4080|cut"])
+    seen = []
+
+    class Sampler(ScriptedSampler):
+        def generate(self, prompts, sampling, *, seed=None):
+            self.scripts["t"] = [next(answers) for _ in prompts]
+            return super().generate(prompts, sampling, seed=seed)
+
+    def spy(msgs, info):
+        seen.append((info["episode_status"], info["episode_reason"]))
+        return 0.0
+
+    runner = EpisodeRunner(Sampler(tok, {"t": []}), tok, limits=EpisodeLimits(max_turns=1, max_new_tokens=4))
+    rewards = WeightedRewards([("truncated", truncated, -1.5), ("spy", spy, 1.0)])
+    src = EnvBatchSource(make_env=lambda: QuizEnv("t", "408"), runner=runner, credit_assigner=EpisodicReturn(),
+                         seeds_per_batch=1, group_size=2, per="episode", rewards=rewards)
+    batch = asyncio.run(src.next_batch())
+    assert [i.weight for i in batch.items] == [1.0, -1.5]
+    assert seen == [("done", None), ("truncated", "turn_length")]
+
+
 def test_tool_schema_from_signature_and_docstring():
     def lookup(city: str, days: int = 1, metric: bool = True) -> str:
         """Weather forecast.

@@ -1,9 +1,11 @@
 """Reward functions scored on a finished episode, several at once with weights (a rubric, as in `verifiers`).
 
 A reward function is `fn(messages, info) -> float`: the episode's whole conversation (chat messages) and the
-last step's info. `WeightedRewards([(name, fn, weight), ...])` adds Σ_i w_i · fn_i(messages, info) to the
-episode's last step reward (after the environment's own rewards) and reports each unweighted component, so
-every component can be logged on its own.
+last step's info, with how the episode ended added (`info["episode_status"]`: "done" or "truncated";
+`info["episode_reason"]`: the truncation's reason, e.g. "turn_length", or None).
+`WeightedRewards([(name, fn, weight), ...])` adds Σ_i w_i · fn_i(messages, info) to the episode's last step
+reward (after the environment's own rewards) and reports each unweighted component, so every component can be
+logged on its own.
 """
 
 from __future__ import annotations
@@ -45,4 +47,12 @@ class WeightedRewards:
         return sum(w * parts[n] for n, _, w in self.terms), parts
 
 
-__all__ = ["EpisodeReward", "WeightedRewards"]
+def truncated(messages: list[Message], info: dict[str, Any]) -> float:
+    """1 for an episode cut short by a limit (turns, tokens, a turn without its stop token, the environment),
+    else 0. With a negative weight (`--env-reward ludic_fast.agents.rewards:truncated=-1.5`) it keeps a policy
+    from escaping a game's negative rewards by never finishing a turn."""
+    del messages
+    return 1.0 if info.get("episode_status") == "truncated" else 0.0
+
+
+__all__ = ["EpisodeReward", "WeightedRewards", "truncated"]

@@ -34,6 +34,11 @@ def _mix(*parts: Any) -> int:
     return random.Random(":".join(str(p) for p in parts)).getrandbits(63)
 
 
+def _reward_info(ep: Episode) -> dict[str, Any]:
+    """What a reward function sees beside the messages: the last step's info and how the episode ended."""
+    return {**ep.rollout.steps[-1].info, "episode_status": ep.status, "episode_reason": ep.reason}
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -80,7 +85,7 @@ class EnvBatchSource:
             components = dict(last.info.get("rewards") or {})
             if self.rewards is not None:
                 try:
-                    total, extra = self.rewards.score(ep.messages, dict(last.info))
+                    total, extra = self.rewards.score(ep.messages, _reward_info(ep))
                 except Exception as exc:  # noqa: BLE001 - a reward function's fault fails that episode only
                     ep.end("failed", error=f"reward: {type(exc).__name__}: {exc}")
                     continue
@@ -146,7 +151,7 @@ class EnvEvaluator:
         played = [e for e in episodes if e.status != "failed"]
         returns = []
         for e in played:
-            extra = self.rewards.score(e.messages, dict(e.rollout.steps[-1].info))[0] if self.rewards else 0.0
+            extra = self.rewards.score(e.messages, _reward_info(e))[0] if self.rewards else 0.0
             returns.append(e.rollout.total_reward + extra if e.rollout.steps else 0.0)
         return {
             "reward": _mean(returns),
