@@ -1,5 +1,5 @@
-"""CISPO's weight, SAPO's gate and the KL estimators (`ludic_fast.losses.policy_terms`, the one home the losses
-and the TRL / verl integrations share) on hand-derived numbers."""
+"""The PPO clipped surrogate, CISPO's weight, SAPO's gate and the KL estimators (`ludic_fast.losses.policy_terms`,
+the one home the losses and the TRL / verl integrations share) on hand-derived numbers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,21 @@ import math
 import pytest
 import torch
 
-from ludic_fast.losses.policy_terms import cispo_weight, kl_estimate, sapo_gate
+from ludic_fast.losses.policy_terms import cispo_weight, kl_estimate, ppo_clip_loss, sapo_gate
+
+
+def test_ppo_clip_loss_by_hand():
+    # bounds [0.8, 1.2]; (r, A): above / below the range, positive / negative advantage
+    r = torch.tensor([1.5, 0.5, 1.5, 0.5], dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64)
+    loss = ppo_clip_loss(r, adv, 0.8, 1.2)
+    assert loss.tolist() == pytest.approx([-1.2, -0.5, 1.5, 0.8], rel=1e-15)  # -min(rA, clip(r)A)
+    (grad,) = torch.autograd.grad(loss.sum(), r)
+    assert grad.tolist() == [0.0, -1.0, 1.0, 0.0]  # -A where the unclipped term is the minimum, else 0
+    # dual clip c = 1.3 caps the A < 0 loss at -cA = 1.3 (the r = 1.5 token), the rest unchanged
+    assert ppo_clip_loss(r, adv, 0.8, 1.2, dual_clip=1.3).tolist() == pytest.approx([-1.2, -0.5, 1.3, 0.8], rel=1e-15)
+    # ratio_cap 1.4 caps the unclipped term only: -min(min(r, 1.4) A, clip(r) A)
+    assert ppo_clip_loss(r, adv, 0.8, 1.2, ratio_cap=1.4).tolist() == pytest.approx([-1.2, -0.5, 1.4, 0.8], rel=1e-15)
 
 
 def test_cispo_weight_clips_and_detaches():

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
-from ludic_fast.losses.policy_terms import cispo_weight, kl_estimate, sapo_gate
+from ludic_fast.losses.policy_terms import cispo_weight, kl_estimate, ppo_clip_loss, sapo_gate
 from ludic_fast.ops.fused_loss import FusedPlan, fused_head_loss
 from ludic_fast.ops.torch_head import HeadTransform
 
@@ -337,10 +337,7 @@ class _GRPOObjective:
         if t.loss_type == "cispo":
             return -cispo_weight(coef_1, None, t.epsilon_high) * adv * lp
         if t.loss_type in _CLIPPED:
-            coef_2 = torch.clamp(coef_1, 1 - t.epsilon_low, 1 + t.epsilon_high)
-            if t.args.delta is not None:
-                coef_1 = torch.clamp(coef_1, max=t.args.delta)
-            return -torch.min(coef_1 * adv, coef_2 * adv)
+            return ppo_clip_loss(coef_1, adv, 1 - t.epsilon_low, 1 + t.epsilon_high, ratio_cap=t.args.delta)
         if t.loss_type == "sapo":
             return -sapo_gate(coef_1, adv, t.args.sapo_temperature_pos, t.args.sapo_temperature_neg) * adv
         if t.loss_type == "vespo":

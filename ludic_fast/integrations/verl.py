@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ludic_fast.integrations.transformers import call_head, final_hidden_states, unwrap_model
-from ludic_fast.losses.policy_terms import cispo_weight, sapo_gate
+from ludic_fast.losses.policy_terms import cispo_weight, ppo_clip_loss, sapo_gate
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 
@@ -202,11 +202,9 @@ def _log_ratio(log_prob: Tensor, old_log_prob: Tensor) -> Tensor:
     return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
 
 
-def _clipped(adv: Tensor, ratio: Tensor, low: float, high: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(max(-A r, -A clip(r)), -A r, -A clip(r))."""
-    loss1 = -adv * ratio
-    loss2 = -adv * torch.clamp(ratio, 1 - low, 1 + high)
-    return torch.maximum(loss1, loss2), loss1, loss2
+def _clip_frac(clipped: Tensor, adv: Tensor, ratio: Tensor, mask: Tensor) -> Tensor:
+    """verl's pg_clipfrac: the share of tokens where the clipped term is the larger loss, -A clip(r) > -A r."""
+    return _masked_mean((clipped > -adv * ratio).float(), mask)
 
 
 def policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
@@ -217,13 +215,12 @@ def policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_
     if clip_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1, got {clip_c}")
     log_ratio = _log_ratio(log_prob, old_log_prob)
-    clipped, loss1, loss2 = _clipped(advantages, torch.exp(log_ratio), low, high)
-    loss3 = -advantages * clip_c
-    dual = torch.minimum(loss3, clipped)
-    pg_losses = torch.where(advantages < 0, dual, clipped)
+    ratio = torch.exp(log_ratio)
+    pg_losses = ppo_clip_loss(ratio, advantages, 1 - low, 1 + high, dual_clip=clip_c)
     with torch.no_grad():
-        clipfrac = _masked_mean((loss2 > loss1).float(), response_mask)
-        clipfrac_lower = _masked_mean(((clipped > loss3) & (advantages < 0)).float(), response_mask)
+        clipped = ppo_clip_loss(ratio, advantages, 1 - low, 1 + high)  # before the dual clip
+        clipfrac = _clip_frac(clipped, advantages, ratio, response_mask)
+        clipfrac_lower = _masked_mean(((clipped > -advantages * clip_c) & (advantages < 0)).float(), response_mask)
         ppo_kl = _masked_mean(-log_ratio, response_mask)
     return _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, clipfrac, ppo_kl,
                    clipfrac_lower)
@@ -237,9 +234,9 @@ def policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg
     lengths = response_mask.sum(-1).clamp(min=1)
     seq = ((log_ratio * response_mask).sum(-1) / lengths).detach()
     ratio = torch.exp(torch.clamp(log_prob - log_prob.detach() + seq[:, None], max=10.0))
-    pg_losses, loss1, loss2 = _clipped(advantages, ratio, low, high)
+    pg_losses = ppo_clip_loss(ratio, advantages, 1 - low, 1 + high)
     with torch.no_grad():
-        clipfrac = _masked_mean((loss2 > loss1).float(), response_mask)
+        clipfrac = _clip_frac(pg_losses, advantages, ratio, response_mask)
         ppo_kl = _masked_mean(-log_ratio, response_mask)
     return _finish(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, clipfrac, ppo_kl, 0.0)
 

@@ -4,7 +4,8 @@ penalty, entropy bonus and masking, RL-ZVP advantages). Calling conventions: `lu
 
 r_t = exp(lp_t - actor_logp_t) per action token, A_t the advantage (batch['weight'] [S] broadcast, or
 batch['advantages'] per token). Token-local unless top-ρ entropy masking or RL-ZVP is on (coupled: 8NDV).
-CISPO's weight, SAPO's gate and the KL estimators are written once, in `ludic_fast.losses.policy_terms`.
+The PPO clipped surrogate, CISPO's weight, SAPO's gate and the KL estimators are written once, in
+`ludic_fast.losses.policy_terms`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ludic_fast.losses.base import HeadLoss, Stats, check_at_least, check_eps, common_stats, frac, mean_std, zero
-from ludic_fast.losses.policy_terms import KL_ESTIMATORS, cispo_weight, kl_estimate, sapo_gate
+from ludic_fast.losses.policy_terms import KL_ESTIMATORS, cispo_weight, kl_estimate, ppo_clip_loss, sapo_gate
 from ludic_fast.token_batch import AGGREGATIONS, TokenBatch
 
 
@@ -205,13 +206,11 @@ class TokenClippedSurrogateLoss(_TokenPolicyLoss):
     def _policy(self, lp, ratio, adv):
         r = ratio if self.ratio_clip is None else torch.clamp(ratio, max=self.ratio_clip)
         lo, hi = 1.0 - self.clip_eps_low, 1.0 + self.clip_eps_high
-        obj = torch.minimum(r * adv, torch.clamp(r, lo, hi) * adv)
-        if self.dual_clip is not None:
-            obj = torch.where(adv < 0, torch.maximum(obj, self.dual_clip * adv), obj)
+        loss = ppo_clip_loss(r, adv, lo, hi, dual_clip=self.dual_clip)
         rd = r.detach()
         stats = _clip_stats(rd, lo, hi)
         stats["ratio_clip_frac"] = frac(rd >= self.ratio_clip) if self.ratio_clip is not None else zero(rd)
-        return -obj, r, stats
+        return loss, r, stats
 
 
 @dataclass

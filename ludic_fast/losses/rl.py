@@ -25,6 +25,7 @@ from ludic_fast.losses.base import (
     seq_logps,
     zero,
 )
+from ludic_fast.losses.policy_terms import ppo_clip_loss
 from ludic_fast.token_batch import TokenBatch
 
 
@@ -142,11 +143,11 @@ class ClippedSurrogateLoss(HeadLoss):
         else:
             adv = tb.advantages(name)
             ratio = self._cap(torch.exp(lp - lp.detach() + log_ratio.detach()[tb.seq]))
-        obj = torch.minimum(ratio * adv, torch.clamp(ratio, lo, hi) * adv)
+        per = ppo_clip_loss(ratio, adv, lo, hi)
         if self.ratio_level == "sequence":
-            loss = -obj.mean()
+            loss = per.mean()
         else:
-            loss = -(obj * tb.mask * tb.agg_coef("seq_mean_token_mean")).sum()
+            loss = (per * tb.mask * tb.agg_coef("seq_mean_token_mean")).sum()
         if not with_stats:
             return loss, {}
         r = self._cap(log_ratio.detach().exp())
