@@ -1,4 +1,4 @@
-"""Shared helpers: the head op's result type and its input validation.
+"""Shared helpers: the head op's result type, its input validation and the fp32-head cast.
 
 Both `ludic_fast.reference` and the backends import this module, so a bad argument gets the same
 error whichever implementation the caller picked.
@@ -144,6 +144,12 @@ def per_token_temperature(temperature: float | Tensor, n_tokens: int, device: to
         flat = temperature.to(device=device, dtype=torch.float64).reshape(-1)
         return flat.expand(n_tokens) if flat.numel() == 1 else flat
     return torch.full((n_tokens,), float(temperature), device=device, dtype=torch.float64)
+
+
+def to_fp32(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
+    """The fp32 LM head (ScaleRL's "FP32 logits"): float32 casts of the head's tensors (hidden, weight, bias or
+    logits), differentiable (`.float()`, a no-op on float32), None left as None."""
+    return tuple(None if t is None else t.float() for t in tensors)
 
 
 def autocast_as_matmul(*operands: str) -> Callable[[_F], _F]:

@@ -38,6 +38,7 @@ from typing import Any
 from torch import Tensor
 
 from ludic_fast import losses as L  # the loss classes of every preset come from this one import
+from ludic_fast._common import to_fp32
 from ludic_fast.data.credit import (
     BatchNormalizedReturn,
     ConstantCredit,
@@ -91,7 +92,7 @@ class RLAlgorithm:
     ) -> tuple[Tensor, Stats]:
         """(loss, stats) of one micro-batch: `self.loss(batch, hidden=, weight=, bias=)` or `(batch, logits=)`."""
         if self.fp32_head:
-            hidden, weight, bias, logits = (None if t is None else t.float() for t in (hidden, weight, bias, logits))
+            hidden, weight, bias, logits = to_fp32(hidden, weight, bias, logits)
         if logits is not None:
             if hidden is not None or weight is not None:
                 raise ValueError("pass either logits= or hidden= with weight=, not both")

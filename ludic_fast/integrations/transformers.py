@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ludic_fast._common import HeadOutput
+from ludic_fast._common import HeadOutput, to_fp32
 from ludic_fast.ops import linear_logprobs
 
 #: Config attributes that multiply the head's logits, in the order they are looked up.
@@ -224,8 +224,7 @@ def lm_head(model: nn.Module, *, fp32_head: bool = False) -> LMHead:
             "`call_head(model, fn, hidden)`"
         )
     if fp32_head:
-        weight = weight.float()
-        bias = None if bias is None else bias.float()
+        weight, bias = to_fp32(weight, bias)
     scale, softcap = _head_post_processing(lm)
     return LMHead(weight=weight, bias=bias, logit_scale=scale, softcap=softcap)
 
