@@ -7,11 +7,9 @@ functions and classes), signatures and the first paragraph of each docstring.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import inspect
 import re
-import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "api.md"
@@ -20,7 +18,7 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 MODULES = [
     ("ludic_fast", "the head op and its conveniences"),
     ("ludic_fast.losses", "every loss, one import: RL, preference, reward model, distillation, loss composition"),
-    ("ludic_fast.losses.policy_terms", "per-token policy-loss terms, written once: CISPO, SAPO, KL estimators"),
+    ("ludic_fast.losses.policy_terms", "policy-loss terms, written once: PPO clip, CISPO, SAPO, KL estimators"),
     ("ludic_fast.losses.preference", "the preference family: its loss-type tables and make_preference_loss"),
     ("ludic_fast.losses.reward", "Bradley-Terry reward-model loss on a scalar value head"),
     ("ludic_fast.ops.divergence", "fused two-head distillation divergences (the op behind losses.linear_divergence)"),
@@ -154,19 +152,9 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 when docs/api.md is not up to date")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = OUT.read_text(encoding="utf-8") if OUT.exists() else ""
-        if current != text:
-            print(f"{OUT} is out of date: run python tools/gen_api.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT} ({len(text.splitlines())} lines)")
-    return 0
+    from _docgen import write_or_check  # tools/ is on sys.path when this file runs as a script
+
+    return write_or_check(OUT, render, argv, description=__doc__, script="tools/gen_api.py")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,6 @@
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "presets.md"
@@ -58,18 +56,9 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 when docs/presets.md is not up to date")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if (OUT.read_text(encoding="utf-8") if OUT.exists() else "") != text:
-            print(f"{OUT} is out of date: run python tools/gen_registry_docs.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT} ({len(text.splitlines())} lines)")
-    return 0
+    from _docgen import write_or_check  # tools/ is on sys.path when this file runs as a script
+
+    return write_or_check(OUT, render, argv, description=__doc__, script="tools/gen_registry_docs.py")
 
 
 if __name__ == "__main__":
