@@ -75,6 +75,7 @@ MODULES = [
     ("ludic_fast.distributed", "vocab-parallel head, data-parallel helpers"),
     ("ludic_fast.distributed.launch", "torchrun launch: process group, wrapping, rank shares, agreed stops"),
     ("ludic_fast.distributed.pipeline", "pipeline RL over Redis"),
+    ("ludic_fast.distributed.pipeline_ranks", "the pipeline learner under torchrun: rank 0 reads, broadcasts batches"),
     ("ludic_fast.distributed.publish", "weight publishing over Redis"),
     ("ludic_fast.distributed.versions", "policy versions monotone across a learner resume"),
     ("ludic_fast.reference", "the executable spec: plain PyTorch on materialised logits"),

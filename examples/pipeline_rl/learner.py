@@ -15,6 +15,11 @@ versions above any the actors loaded (`ludic_fast.distributed.versions`); both .
 after the checkpoint's step. SIGINT / SIGTERM finish the current step (or stop waiting for a batch), save a
 checkpoint when checkpointing, tell the actors to stop, print one line and exit 130 / 143; no Redis at
 --redis-url: one line, exit 2. See docs/distributed.md.
+
+Under torchrun (`torchrun --nproc-per-node K examples/pipeline_rl/learner.py --parallel ddp|fsdp2 --output-dir
+...`), rank 0 alone reads the stream, publishes the weights and writes the output directory; every rank trains
+its share of each global batch (`ludic_fast.distributed.pipeline_ranks`); checkpoints are sharded and resume on
+any number of ranks.
 """
 
 from __future__ import annotations
@@ -32,30 +37,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(argv: list[str] | None) -> int:
-    import contextlib
-    from pathlib import Path
-
     import torch
 
-    from ludic_fast.cli.train import (
-        build_console_logger,
-        build_model_and_tokenizer,
-        build_parser,
-        check_resume,
-        checkpoint_config,
-        make_algorithm,
-        prepare,
-        run_sft,
-        trainer_config,
-    )
+    from ludic_fast.cli import parallel
+    from ludic_fast.cli.train import build_parser, check_resume, prepare
     from ludic_fast.cli.validation import UsageError
-    from ludic_fast.distributed.pipeline import PipelineBatchSource, PipelineKeys, StopRequested, published_version
-    from ludic_fast.distributed.publish import RedisWeightPublisher
-    from ludic_fast.distributed.versions import OffsetPublisher, start_version
+    from ludic_fast.distributed.launch import AgreedStop
     from ludic_fast.engine.stop import StopOnSignal
-    from ludic_fast.run.loggers import JSONLLogger, TeeLogger, keep_jsonl_records
-    from ludic_fast.run.stats import default_reducers
-    from ludic_fast.trainer import Trainer
 
     parser = build_parser(PROG)
     add_pipeline_args(parser)
@@ -63,6 +51,7 @@ def run(argv: list[str] | None) -> int:
     try:
         if (args.checkpoint_every > 0 or args.resume) and args.output_dir is None:
             raise UsageError("--checkpoint-every/--resume need --output-dir (where the checkpoints live)")
+        parallel.check_launch(args)  # sets args.rank / args.world_size
         resume_step = check_resume(args, ("rl",))  # None without --resume; an error when there is no checkpoint
         tok, task = prepare(args, "train")  # the same input checks as `ludic-fast train`
     except UsageError as exc:
@@ -70,57 +59,98 @@ def run(argv: list[str] | None) -> int:
         return 2
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    stop = AgreedStop() if parallel.start(args) else StopOnSignal()
+    try:
+        return _learn(args, resume_step, tok, task, stop)
+    finally:
+        parallel.finish(args)
+
+
+def _learn(args, resume_step, tok, task, stop) -> int:
+    import contextlib
+    from pathlib import Path
+
+    from ludic_fast.cli import parallel
+    from ludic_fast.cli.train import (
+        build_console_logger,
+        build_model_and_tokenizer,
+        checkpoint_config,
+        make_algorithm,
+        run_sft,
+        trainer_config,
+    )
+    from ludic_fast.distributed.pipeline import PipelineBatchSource, PipelineKeys, StopRequested, published_version
+    from ludic_fast.distributed.pipeline_ranks import BroadcastBatchSource
+    from ludic_fast.distributed.publish import RedisWeightPublisher
+    from ludic_fast.distributed.versions import OffsetPublisher, start_version
+    from ludic_fast.run.loggers import JSONLLogger, TeeLogger, keep_jsonl_records
+    from ludic_fast.run.stats import default_reducers
+    from ludic_fast.trainer import Trainer
+
+    main_rank = parallel.is_main(args)  # rank 0 reads the stream, publishes and writes the output directory
     out = None if args.output_dir is None else Path(args.output_dir)
     ids_log = None
-    logger = build_console_logger(args.logger)
-    if out is not None:
+    logger = build_console_logger(args.logger if main_rank else "none")
+    if out is not None and main_rank:
         out.mkdir(parents=True, exist_ok=True)
         if resume_step is not None:  # the steps after the checkpoint are trained again: their records go
             for name in ("metrics.jsonl", "trained_ids.jsonl"):
                 keep_jsonl_records(out / name, lambda r: r["step"] <= resume_step)
         ids_log = JSONLLogger(out / "trained_ids.jsonl")
         logger = TeeLogger(logger, JSONLLogger(out / "metrics.jsonl"))
-    with StopOnSignal() as stop:  # SIGINT / SIGTERM: finish the current step, then stop (exit 130 / 143)
+    with stop:  # SIGINT / SIGTERM: finish the current step, then stop (exit 130 / 143)
         model, tok = build_model_and_tokenizer(args, tok)
+        model = parallel.wrap(args, model)  # DDP / FSDP2 under --parallel
         if args.sft_steps > 0 and resume_step is None:  # resumed: the RL checkpoint holds the weights
             model = run_sft(args, model, tok, task, logger, stop=stop)
         if stop.requested:
-            print(f"[learner] stopped by {stop.signal_name} in the SFT warm-up: nothing published", file=sys.stderr)
+            if main_rank:
+                print(f"[learner] stopped by {stop.signal_name} in the SFT warm-up: nothing published",
+                      file=sys.stderr)
             return stop.exit_code
         keys = PipelineKeys(args.prefix)
         trainer = None
-        source = PipelineBatchSource(
-            args.redis_url, keys=keys, batch_size=args.prompts_per_batch * args.group_size, max_lag=args.max_lag,
-            stop_requested=lambda: stop.requested, ack_after_checkpoint=args.checkpoint_every > 0 or args.resume,
-            on_deliver=None if ids_log is None else lambda ids: ids_log.log(trainer.step_idx + 1, {"ids": ids}),
-        )
-        publisher = OffsetPublisher(RedisWeightPublisher(args.redis_url, keys=keys))
+        source = None
+        if main_rank:
+            source = PipelineBatchSource(
+                args.redis_url, keys=keys, batch_size=args.prompts_per_batch * args.group_size,
+                max_lag=args.max_lag, ack_after_checkpoint=args.checkpoint_every > 0 or args.resume,
+                stop_requested=lambda: stop.signum is not None,  # this rank's signal: no collective on one rank
+                on_deliver=None if ids_log is None else lambda ids: ids_log.log(trainer.step_idx + 1, {"ids": ids}),
+            )
+        batches = source if args.parallel is None else BroadcastBatchSource(source, args.rank, args.world_size)
+        publisher = OffsetPublisher(RedisWeightPublisher(args.redis_url, keys=keys))  # used on rank 0 alone
         cfg = trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)  # as `ludic-fast train`'s RL phase
         cfg.max_lag = None  # the source drops stale items, in published versions (which a resume shifts)
-        trainer = Trainer(model=model, algo=make_algorithm(args), batch_source=source, cfg=cfg, publisher=publisher,
+        trainer = Trainer(model=model, algo=make_algorithm(args), batch_source=batches, cfg=cfg, publisher=publisher,
                           train_logger=logger, reducers=default_reducers(),
                           checkpoint_config=checkpoint_config(args, "rl"),
                           resume_from=None if resume_step is None else "latest")
-        first = start_version(source.checkpoint_version, published_version(source.conn, keys))
-        publisher.offset = first - trainer.step_idx
-        trainer.push_weights()  # what the actors sample with next: version `first`
-        if resume_step is not None:
+        if main_rank:
+            first = start_version(source.checkpoint_version, published_version(source.conn, keys))
+            publisher.offset = first - trainer.step_idx
+        trainer.push_weights()  # what the actors sample with next: version `first` (collective under FSDP2)
+        if main_rank and resume_step is not None:
             print(f"[learner] resumed at step {trainer.step_idx}: publishing version {first}", flush=True)
-        with contextlib.suppress(StopRequested):  # stopped while waiting for a batch
+        with contextlib.suppress(StopRequested):  # stopped while waiting for a batch (on every rank)
             trainer.train_sync(max(0, args.rl_steps - trainer.step_idx), stop=stop)
         if trainer.checkpointer is None:
-            source.commit()  # the batches trained on
+            if main_rank:
+                source.commit()  # the batches trained on
         elif trainer.checkpointer.latest_step() != trainer.step_idx:
-            trainer.save_checkpoint()  # acknowledges what it covers
-        source.mark_done()  # the actors stop
-        if stop.requested:
-            kept = (f"a checkpoint of that step under {out / 'rl'}" if trainer.checkpointer is not None
-                    else "no checkpoint (--checkpoint-every 0)")
-            print(f"[learner] stopped by {stop.signal_name} after RL step {trainer.step_idx}: its weights are "
-                  f"published (version {trainer.step_idx + publisher.offset}), the batches trained on acknowledged, "
-                  f"the actors told to stop; {kept}", file=sys.stderr)
+            trainer.save_checkpoint()  # acknowledges what it covers (collective under --parallel)
+        if main_rank:
+            source.mark_done()  # the actors stop
+        if stop.requested:  # under --parallel a collective, read once by every rank
+            if main_rank:
+                kept = (f"a checkpoint of that step under {out / 'rl'}" if trainer.checkpointer is not None
+                        else "no checkpoint (--checkpoint-every 0)")
+                print(f"[learner] stopped by {stop.signal_name} after RL step {trainer.step_idx}: its weights are "
+                      f"published (version {trainer.step_idx + publisher.offset}), the batches trained on "
+                      f"acknowledged, the actors told to stop; {kept}", file=sys.stderr)
             return stop.exit_code
-    print(f"[learner] done: {trainer.step_idx} steps; pipeline counters {source.counters}")
+    if main_rank:
+        print(f"[learner] done: {trainer.step_idx} steps; pipeline counters {source.counters}")
     return 0
 
 
