@@ -7,16 +7,14 @@ one rank stops both after the same step with a checkpoint, exit 130."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from _ranks import assert_same_params
+from _ranks import assert_same_params, fork_ranks
 from safetensors.torch import load_file
 
 from ludic_fast.cli import main as cli_main
@@ -32,36 +30,11 @@ OFFLINE = [*TINY, "--offline-steps", "2", "--pref-batch-size", "4"]
 DISTILL = [*OFFLINE, "--preset", "distill", "--teacher-steps", "2", "--max-new-tokens", "3"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(argv: list[str], env: dict[str, str]) -> None:
-    os.environ.update(env)
-    torch.set_num_threads(1)
-    code = cli_main(["train", *argv])
-    os._exit(code)
-
-
 def launch(argv: list[str], world: int, *, parallel: str | None = "ddp", on_start=None) -> list[int]:
     """Run `ludic-fast train argv` on `world` forked ranks with torchrun's variables (`parallel=None`: one plain
     process, no torchrun variables); returns the exit codes in rank order."""
-    ctx = multiprocessing.get_context("fork")
-    port = str(_free_port())
-    procs = []
-    for rank in range(world if parallel else 1):
-        env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": port} if parallel else {}
-        args = [*argv, "--parallel", parallel] if parallel else argv
-        procs.append(ctx.Process(target=_rank_main, args=(args, env)))
-        procs[-1].start()
-    if on_start is not None:
-        on_start(procs)
-    for p in procs:
-        p.join(240)
-    return [p.exitcode for p in procs]
+    args = [*argv, "--parallel", parallel] if parallel else argv
+    return fork_ranks(lambda: cli_main(["train", *args]), world, torchrun=parallel is not None, on_start=on_start)
 
 
 def weights(out: Path) -> dict[str, torch.Tensor]:

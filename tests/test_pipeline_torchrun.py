@@ -8,10 +8,8 @@ stops both ranks with a checkpoint."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -22,7 +20,7 @@ import torch
 pytest.importorskip("redis", reason="needs the redis Python client")
 pytest.importorskip("msgpack", reason="needs msgpack")
 
-from _ranks import assert_same_params  # noqa: E402
+from _ranks import assert_same_params, fork_ranks  # noqa: E402
 from _redis import needs_server  # noqa: E402
 
 from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWItem  # noqa: E402
@@ -44,18 +42,10 @@ def _item(i: int, n_tokens: int = 6) -> SAWItem:
                    meta={"total_reward": float(i)}, attachments=SampleAttachments(ActorTokenLogps(logps)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(argv: list[str], env: dict[str, str]) -> None:
-    os.environ.update(env)
-    torch.set_num_threads(1)
+def _learner(argv: list[str]) -> int:
     import learner
 
-    os._exit(learner.main(argv))
+    return learner.main(argv)
 
 
 def launch(url: str, prefix: str, out: Path, world: int, *extra: str, mode: str = "ddp", on_start=None) -> list[int]:
@@ -64,18 +54,7 @@ def launch(url: str, prefix: str, out: Path, world: int, *extra: str, mode: str 
             "--model", "embedded", "--seed", "3", "--logger", "none", "--lr", str(LR), "--threads", "1",
             "--sft-steps", "0", "--prompts-per-batch", "4", "--group-size", "2", "--max-lag", "1000",
             "--eval-every", "0", "--device", "cpu", *extra]
-    ctx = multiprocessing.get_context("fork")
-    port = str(_free_port())
-    procs = [ctx.Process(target=_rank_main, args=(argv, {
-        "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": port})) for r in range(world)]
-    for p in procs:
-        p.start()
-    if on_start is not None:
-        on_start(procs)
-    for p in procs:
-        p.join(180)
-    return [p.exitcode for p in procs]
+    return fork_ranks(lambda: _learner(argv), world, on_start=on_start, timeout_s=180)
 
 
 def push(url: str, prefix: str, n: int) -> list[str]:
