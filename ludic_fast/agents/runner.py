@@ -293,11 +293,12 @@ class EpisodeRunner:
         assistant = turn.to_message()
         ep.messages.append(assistant)
         info: dict[str, Any] = {}
+        runs_tools = bool(s.tools) and bool(parsed.calls or parsed.errors)  # the runner answers this turn's calls
         try:
             if finish == "length":
                 result = StepResult(reward=0.0, truncated=True)
                 reason = "max_tokens" if budget < self.limits.max_new_tokens else "turn_length"
-            elif s.tools and (parsed.calls or parsed.errors):
+            elif runs_tools:
                 obs, malformed = await self._run_tools(s, parsed)
                 result = StepResult(obs, reward=self.limits.format_penalty * malformed)
                 info = {"tool_calls": len(parsed.calls) + len(parsed.errors), "tool_errors": malformed}
@@ -309,8 +310,7 @@ class EpisodeRunner:
                     raise TypeError(f"env.step must return a StepResult, got {type(result).__name__}")
                 reason = "env" if result.truncated else None
         except Exception as exc:  # noqa: BLE001 - the episode fails, the run goes on
-            where = "tool" if s.tools and (parsed.calls or parsed.errors) else "env.step"
-            self._fail(s, where, exc)
+            self._fail(s, "tool" if runs_tools else "env.step", exc)
             return
         step = Step(
             index=len(ep.rollout.steps), prev_obs=s.pending_obs, action=text, next_obs=result.observations,
