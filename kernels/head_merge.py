@@ -17,7 +17,7 @@ def head_merge_kernel(part_ptr, tgt_ptr, lse_ptr, elp_ptr, lp_ptr, ent_ptr, N, n
                       ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rows < N
-    plane = n_splits.to(tl.int64) * N
+    plane = tl.cast(n_splits, tl.int64) * N
     big_m = tl.full((BLOCK,), float("-inf"), dtype=tl.float32)
     tail = tl.zeros((BLOCK,), dtype=tl.float32)
     t = tl.zeros((BLOCK,), dtype=tl.float32)

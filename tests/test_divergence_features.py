@@ -373,3 +373,13 @@ def test_large_vocabulary_sums_keep_fp32_precision(kind):
     ref = R.linear_divergence(hs.double(), Ws.double(), ht.double(), Wt.double(), kind=kind, reduction="none")
     out = linear_divergence(hs, Ws, ht, Wt, kind=kind, reduction="none")
     assert ((out.double() - ref).abs() / ref).max() <= 1e-5
+
+
+def test_reference_keeps_the_inputs_device_with_a_scalar_temperature():
+    """The float64 twin builds its temperature on the inputs' device (a GPU run met a CPU temperature beside CUDA
+    logits); the meta device stands for any device other than the CPU."""
+    h = torch.randn(3, 4, device="meta")
+    W = torch.randn(7, 4, device="meta")
+    out = R.linear_divergence(h, W, h, W, torch.zeros(3, dtype=torch.long, device="meta"), temperature=0.7,
+                              reduction="none")
+    assert out.device.type == "meta" and out.shape == (3,)

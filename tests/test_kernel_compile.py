@@ -12,11 +12,13 @@ import pytest
 pytest.importorskip("triton", reason="triton is not installed")
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silence triton 3.9's warning; 1 is its current default
 
-from ludic_fast.kernels.aot import SPECS, compile_spec, resource_usage  # noqa: E402
+from ludic_fast.kernels.aot import SPECS, compile_spec, resource_usage, signature  # noqa: E402
 
 #: opt-in shared memory per block (bytes): A100 (sm_80) 163 KiB, H100 (sm_90) 227 KiB
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 CASES = [(spec, arch) for spec in SPECS for arch in spec.archs]
+#: one launch configuration per kernel function
+ONE_PER_KERNEL = list({spec.fn: spec for spec in reversed(SPECS)}.values())
 
 
 @pytest.mark.parametrize("spec,arch", CASES, ids=[f"{s.name}-sm_{a}" for s, a in CASES])
@@ -34,3 +36,14 @@ def test_kernel_compiles(spec, arch):
     tma = bool(spec.constexprs.get("TMA"))
     assert ("cp.async.bulk.tensor" in compiled.asm["ptx"]) == tma
     assert not tma or arch >= 90
+
+
+@pytest.mark.parametrize("spec", ONE_PER_KERNEL, ids=[s.name for s in ONE_PER_KERNEL])
+def test_kernel_compiles_when_its_integer_arguments_are_one(spec):
+    """Triton's JIT turns an integer argument equal to 1 into a constant (a Python int, without `.to`): one row,
+    one split, one block per split must compile too (a GPU run met `n_splits.to(...)` failing so)."""
+    sig, _, _ = signature(spec)
+    ones = {arg: 1 for arg, kind in sig.items() if kind == "i32"}
+    assert ones, spec.name
+    compiled = compile_spec(spec._replace(constexprs={**spec.constexprs, **ones}), spec.archs[-1])
+    assert compiled.asm["cubin"], "no cubin"

@@ -86,7 +86,7 @@ def linear_divergence(
     dt = torch.float64 if torch.float64 in (h_student.dtype, W_student.dtype) else torch.float32
     V = W_student.shape[0]
     lead = h_student.shape[:-1]
-    temp = torch.as_tensor(temperature, dtype=dt).expand(lead)
+    temp = torch.as_tensor(temperature, dtype=dt, device=h_student.device).expand(lead)
     raw_s = h_student.to(dt) @ W_student.to(dt).T
     if b_student is not None:
         raw_s = raw_s + b_student.to(dt)
