@@ -4,7 +4,7 @@ one costs its limit and nothing else.
     python bench/gpu_suite.py --out bench/results/gpu --seconds 300 --test-seconds 90
 
 Groups, in this order: `core` (every gpu- or interpret-marked test of the GPU suite but the experimental ones),
-`experimental` (the opt-in TMA variants, "tma" in the test name or id: never run on hardware yet, so last). Each group is one pytest
+`experimental` (the opt-in TMA variants: "tma" in the test's name or id; run last). Each group is one pytest
 process that loads this file as a plugin: it records each test's start and outcome in OUT/suite-outcomes.jsonl
 as it happens and arms `faulthandler.dump_traceback_later(test_seconds, exit=True)` at the start of each test
 (a test still running at its limit, in Python or inside a CUDA call, gets every thread's stack in the log and
