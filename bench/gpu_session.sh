@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu_session.sh wheels     # HERE (a machine with PyPI): the peers' wheels into .whl/
 #   bash bench/gpu_session.sh run1       # THERE, call 1 (<= 480 s): GPU suite verdict, decisive numbers, TMA last
-#   bash bench/gpu_session.sh run2       # THERE, call 2 (<= 240 s): the other shapes, the trainer end to end
+#   bash bench/gpu_session.sh run2       # THERE, call 2 (<= 240 s): the trainer end to end, then two more shapes
 #   bash bench/gpu_session.sh rehearse   # HERE, on the CPU: run1 then run2 at tiny shapes (see below)
 #   bash bench/gpu_session.sh rehearse run1   # ... one call only
 #   STAGES="decisive" bash bench/gpu_session.sh run1   # only these stages of the call (a rerun), still in order

@@ -41,7 +41,7 @@ def test_session_plan_fits_the_calls_and_orders_the_stages():
         seconds, stages = plan.CALLS[call]
         assert seconds == limit and sum(s for _, s in stages) <= limit
     assert [s for s, _ in plan.CALLS["run1"][1]] == ["setup", "suite", "decisive", "experimental"]
-    assert [s for s, _ in plan.CALLS["run2"][1]] == ["setup", "shapes", "e2e"]
+    assert [s for s, _ in plan.CALLS["run2"][1]] == ["setup", "e2e", "shapes"]
     given = {s: g for _, stages in plan.CALLS.values() for s, g in stages}
     for stage, (_, _, impls) in plan.BENCH_STAGES.items():
         if stage != "experimental":
