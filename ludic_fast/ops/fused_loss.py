@@ -9,7 +9,9 @@ per-token gradients g_lp = dL/dlp, g_H = dL/dH the head's logit gradient is
 Token-local losses (g at token t depends only on lp_t, H_t and constants): one pass over token chunks.
 Per chunk: logits z = h W^T once (2 n D V), lse / E_p z / z_y from z, (g_lp, g_H) by autograd of the
 objective on the chunk's O(n) vectors, z overwritten by d(raw) in place, then dh += d(raw) W and
-dW += d(raw)^T h (4 n D V). Forward + backward = 6NDV; backward only scales dh, dW, db by grad_output.
+dW += d(raw)^T h (4 n D V). Forward + backward = 6NDV; backward only scales dh, dW, db by grad_output (the
+triton backend with one token chunk instead keeps d(raw) and forms dW = d(raw)^T (grad_output h) in the
+backward: no pass over the [V, D] gradient beyond the GEMM that writes it).
 
 Sequence-coupled losses (g at t depends on other tokens: sequence ratios, per-response max entropy,
 batch quantiles): pass 1 computes lp and H of all tokens without gradients (2NDV), the objective's
@@ -232,9 +234,13 @@ class _DwStage:
     [group rows, V] staging buffer and the group takes one dW GEMM, so an fp32 dW is read-modify-written once
     per group rather than once per chunk, and a single group needs no fp32 dW at all (written once in the input
     dtype). With one chunk per group d(raw) stays in the chunk's workspace memory. The first group's GEMM
-    overwrites dW (beta = 0), later ones accumulate."""
+    overwrites dW (beta = 0), later ones accumulate.
 
-    def __init__(self, chunks: list[slice], stage_rows: int, head: ChunkedHead, need_dw: bool):
+    `deferred` (one token chunk whose d(raw) memory is no larger than dW): the GEMM waits for the backward, which
+    forms dW = d(raw)^T (g h) with the upstream gradient g folded into the [n, D] rows (`operands`): dW is
+    written once in the input dtype and never rescaled (no read-modify-write pass over [V, D])."""
+
+    def __init__(self, chunks: list[slice], stage_rows: int, head: ChunkedHead, need_dw: bool, d_bytes: int = 0):
         from ludic_fast.ops.triton_head import new_workspace
 
         self.head = head
@@ -253,8 +259,12 @@ class _DwStage:
         self.buf = new_workspace(width, head.V, head.hidden.device, head.compute_dtype) if staged else None
         # one group: each dW row gets one contribution, written in the input dtype; else an fp32 accumulator
         dtype = head.compute_dtype if len(self.groups) <= 1 else head.acc
+        dw_bytes = head.weight.numel() * torch.empty((), dtype=dtype).element_size()
+        self.deferred = need_dw and len(chunks) == 1 and d_bytes <= dw_bytes
+        self.operands: tuple[Tensor, Tensor] | None = None  # deferred: (d(raw) [n, V], h [n, D]) once written
         alloc = torch.empty if self.groups else torch.zeros
-        self.dW = alloc(head.weight.shape, device=head.hidden.device, dtype=dtype) if need_dw else None
+        make = need_dw and not self.deferred
+        self.dW = alloc(head.weight.shape, device=head.hidden.device, dtype=dtype) if make else None
 
     def out(self, rows: slice) -> Tensor | None:
         """Where the chunk writes d(raw): its rows of the staging buffer, or None (its own workspace)."""
@@ -267,6 +277,9 @@ class _DwStage:
         """After the chunk's d(raw) is written: the group's dW GEMM once its last chunk is in."""
         from ludic_fast.ops.triton_head import gemm_into
 
+        if self.deferred:
+            self.operands = (d, h_c)
+            return
         g = self.group_of[rows.start]
         if self.dW is None or rows.stop != g.stop:
             return
@@ -323,7 +336,7 @@ class FusedLossFunction(torch.autograd.Function):
             stage_rows = head.n_chunk if tl_dot else plan.dw_stage_rows or head_plan.stage_rows or head.n_chunk
             lowp = {"device": hidden.device, "dtype": head.compute_dtype}
             dh = torch.empty(n, hidden.shape[1], **lowp) if need_h else None
-            stage = _DwStage(chunks, stage_rows, head, need_w)
+            stage = _DwStage(chunks, stage_rows, head, need_w, buf.untyped_storage().nbytes())
             dW = stage.dW
             cfg = KernelConfig.make(plan.transform, head.compute_dtype, head_plan) if tl_dot else None
 
@@ -333,6 +346,7 @@ class FusedLossFunction(torch.autograd.Function):
                 return _TritonRows(head, plan, rows, buf, stage)
 
         else:
+            stage = None
 
             def make(rows: slice):
                 return chunk_cls(head, plan, rows)
@@ -366,8 +380,10 @@ class FusedLossFunction(torch.autograd.Function):
             chunk.backward_(lse[rows], elp[rows], g_lp_c, g_H_c, dh, dW, db)
             del chunk
         loss = _value(plan.objective, lp, H)
-        ctx.save_for_backward(dh if need_h else None, dW, db)
+        d_raw, h_rows = (None, None) if stage is None or stage.operands is None else stage.operands
+        ctx.save_for_backward(dh if need_h else None, dW, db, d_raw, h_rows)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.acc = head.acc
         ctx.used = False
         ctx.mark_non_differentiable(lp, *(() if H is None else (H,)))
         return loss, lp, H
@@ -377,18 +393,26 @@ class FusedLossFunction(torch.autograd.Function):
         if ctx.used:
             raise RuntimeError("the fused loss scales its stored gradients in place; backward it only once")
         ctx.used = True
-        dh, dW, db = ctx.saved_tensors
+        dh, dW, db, d_raw, h_rows = ctx.saved_tensors
         h_dt, w_dt, b_dt = ctx.dtypes
-        # the triton path holds dh (and dW with one token chunk) in the input dtype: scaling rounds once more
-        # (exact when g is a power of two, e.g. 1)
-        g = g_loss.to(dW.dtype if dW is not None and dW.dtype == torch.float64 else torch.float32)
-        return (
-            None if dh is None else dh.mul_(g).to(h_dt),
-            None if dW is None else dW.mul_(g).to(w_dt),
-            None if db is None else db.mul_(g).to(b_dt),
-            None,
-            None,
-        )
+        # the triton path holds dh (and dW with one token chunk) in the input dtype: scaling rounds once more, as
+        # does g h for a deferred dW (exact when g is a power of two, e.g. 1)
+        g = g_loss.to(ctx.acc)
+        if d_raw is not None:  # deferred (one token chunk): dW = d(raw)^T (g h), one GEMM, no pass over [V, D]
+            dW = torch.mm(d_raw.T, h_rows * g, out=torch.empty(d_raw.shape[1], h_rows.shape[1], dtype=d_raw.dtype,
+                                                                 device=d_raw.device))
+            return _scaled(dh, g, h_dt), dW.to(w_dt), _scaled(db, g, b_dt), None, None
+        return _scaled(dh, g, h_dt), _scaled(dW, g, w_dt), _scaled(db, g, b_dt), None, None
+
+
+def _scaled(grad: Tensor | None, g: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """grad * g in `dtype`: in place when grad has that dtype, else one pass that writes the product (computed
+    in grad's dtype, as an in-place scale then a conversion would round it) straight in `dtype`."""
+    if grad is None:
+        return None
+    if grad.dtype == dtype:
+        return grad.mul_(g)
+    return torch.mul(grad, g, out=torch.empty_like(grad, dtype=dtype))
 
 
 def _head_plan(hidden: Tensor, weight: Tensor, plan: FusedPlan) -> HeadPlan:
