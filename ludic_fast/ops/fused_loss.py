@@ -291,18 +291,18 @@ class _DwStage:
 
 
 def _token_grads(objective: Objective, lp: Tensor, H: Tensor | None, rows: slice | None):
-    """(dL/dlp, dL/dH or None) of the objective at (lp, H), by autograd on O(n) vectors."""
+    """(dL/dlp, dL/dH or None, L detached) of the objective at (lp, H), by autograd on O(n) vectors."""
     with torch.enable_grad():
         lp_v = lp.detach().requires_grad_(True)
         H_v = None if H is None else H.detach().requires_grad_(True)
         loss = objective(lp_v, H_v, rows)
         inputs = (lp_v,) if H_v is None else (lp_v, H_v)
         if not loss.requires_grad:
-            return torch.zeros_like(lp), None
+            return torch.zeros_like(lp), None, loss.detach()
         grads = torch.autograd.grad(loss, inputs, allow_unused=True)
     g_lp = torch.zeros_like(lp) if grads[0] is None else grads[0]
     g_H = grads[1] if len(grads) > 1 else None
-    return g_lp, g_H
+    return g_lp, g_H, loss.detach()
 
 
 class FusedLossFunction(torch.autograd.Function):
@@ -364,22 +364,26 @@ class FusedLossFunction(torch.autograd.Function):
                 H[rows] = torch.where(ok, stats.entropy, 0.0)
 
         two_pass = plan.coupled and group_chunks is None
+        whole = None  # the objective's value on all tokens, once a gradient call took it (the loss then)
         if two_pass:  # pass 1: statistics of every token, then all per-token gradients at once
             for rows in chunks:
                 set_stats(rows, make(rows).stats())
-            g_lp, g_H = _token_grads(plan.objective, lp, H, None)
+            g_lp, g_H, whole = _token_grads(plan.objective, lp, H, None)
         for rows in chunks:
             chunk = make(rows)
             if two_pass:
                 g_lp_c, g_H_c = g_lp[rows], None if g_H is None else g_H[rows]
             else:
                 set_stats(rows, chunk.stats())
-                g_lp_c, g_H_c = _token_grads(plan.objective, lp[rows], None if H is None else H[rows], rows)
+                every = rows.start == 0 and rows.stop == n  # one chunk: the objective of all tokens, as the loss
+                g_lp_c, g_H_c, value = _token_grads(plan.objective, lp[rows], None if H is None else H[rows],
+                                                    None if every else rows)
+                whole = value if every else None
             g_lp_c = g_lp_c * valid[rows]
             g_H_c = None if g_H_c is None else g_H_c * valid[rows]
             chunk.backward_(lse[rows], elp[rows], g_lp_c, g_H_c, dh, dW, db)
             del chunk
-        loss = _value(plan.objective, lp, H)
+        loss = _value(plan.objective, lp, H) if whole is None else whole
         d_raw, h_rows = (None, None) if stage is None or stage.operands is None else stage.operands
         ctx.save_for_backward(dh if need_h else None, dW, db, d_raw, h_rows)
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
