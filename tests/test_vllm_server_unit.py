@@ -124,3 +124,9 @@ def test_nccl_is_refused_naming_why_and_auto_reloads(servers, checkpoint):
     assert auto.weight_transfer == "reload" and auto.pushers == []
     with pytest.raises(ValueError, match="weight_transfer must be"):
         VLLMServerSampler(servers[0].url, eos_token_id=2, checkpoint=checkpoint, weight_transfer="ipc")
+
+
+def test_nccl_address_is_refused_beside_reload(servers, checkpoint):
+    """The NCCL rendezvous address means nothing to the reload path: refused there, not ignored."""
+    with pytest.raises(ValueError, match="nccl_address is read only with weight_transfer='nccl' or 'auto'"):
+        VLLMServerSampler(servers[0].url, eos_token_id=2, checkpoint=checkpoint, nccl_address="10.0.0.1")

@@ -82,7 +82,8 @@ class VLLMServerSampler:
     reload it: one disk the servers read), "nccl" (vLLM's weight-transfer API, `rollout.weight_transfer`: GPUs,
     servers started with `--weight-transfer-config '{"backend": "nccl"}'`; refused where it cannot run, naming
     why) or "auto" ("nccl" where it can run, else "reload"; `self.weight_transfer` says which).
-    nccl_address: this trainer's address as the servers reach it (NCCL rendezvous).
+    nccl_address: this trainer's address as the servers reach it (NCCL rendezvous; default 127.0.0.1), read
+    only by "nccl" and "auto" (refused beside "reload").
     weights_dir: where reload pushes are written (default: a new temporary folder). max_concurrency: requests
     in flight at once, over all servers.
     """
@@ -97,12 +98,14 @@ class VLLMServerSampler:
         max_concurrency: int = 64,
         timeout: float = 600.0,
         weight_transfer: str = "reload",
-        nccl_address: str = "127.0.0.1",
+        nccl_address: str | None = None,
     ):
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if weight_transfer not in WEIGHT_TRANSFERS:
             raise ValueError(f"weight_transfer must be one of {WEIGHT_TRANSFERS}, got {weight_transfer!r}")
+        if nccl_address is not None and weight_transfer == "reload":
+            raise ValueError("nccl_address is read only with weight_transfer='nccl' or 'auto', not 'reload'")
         self.urls = split_urls(url)
         self.url = self.urls[0]
         self.timeout = timeout
@@ -116,7 +119,7 @@ class VLLMServerSampler:
         self.max_concurrency = max_concurrency
         self.server: VLLMServer | None = None  # the server this engine was started with, kept alive beside it
         self.version = 0
-        self.weight_transfer, self.pushers = self._open_transfer(weight_transfer, nccl_address)
+        self.weight_transfer, self.pushers = self._open_transfer(weight_transfer, nccl_address or "127.0.0.1")
 
     def _open_transfer(self, mode: str, address: str) -> tuple[str, list[Any]]:
         from ludic_fast.rollout.weight_transfer import NCCLWeightPusher, nccl_transfer_unavailable
