@@ -127,7 +127,7 @@ bench_stage() {  # bench_stage STAGE SECONDS: each implementation in its own pro
     done
     "$PY" bench/gpu_plan.py merge "$RESULTS/$stage" >>"$LOG" 2>&1 || rc=1
     if [[ -f $RESULTS/$stage/results.json ]]; then  # our cases beside the cost model's predictions
-        "$PY" bench/plan_table.py --device "$( ((TINY)) && echo cpu || echo h100)" --measured \
+        "$PY" bench/plan_table.py --device "$( ((TINY)) && echo cpu || echo cuda)" --measured \
             "$RESULTS/$stage/results.json" >"$RESULTS/$stage/vs-model.md" 2>>"$LOG" || rc=1
         cp "$RESULTS/$stage/results.md" "$OUT/$stage-results.md"
     fi
