@@ -284,3 +284,25 @@ def test_stats_are_detached_zero_dim_and_loss_scales_grad_output():
     loss2, _ = L.CISPOLoss()(batch, hidden=h, weight=W, bias=b)
     (g2,) = torch.autograd.grad(loss2, (W,))
     torch.testing.assert_close(g1, 3.0 * g2)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_fused_mode_evaluates_the_objective_on_all_tokens_once(case, monkeypatch):
+    """The fused mode's stats come from the head's one call of the objective on all tokens (one token chunk
+    here: the gradient call itself), not from another evaluation after it; they equal the generic mode's."""
+    _, ours, _ = case
+    batch, h, W, _ = make_batch()
+    calls = []
+    objective = type(ours).objective
+
+    def counted(self, lp, H, tb, with_stats):
+        calls.append(with_stats)
+        return objective(self, lp, H, tb, with_stats)
+
+    monkeypatch.setattr(type(ours), "objective", counted)
+    loss, stats = ours(batch, hidden=h, weight=W)
+    assert calls == [True], calls
+    _, generic = ours(batch, hidden=h, weight=W, fused=False)
+    assert stats.keys() == generic.keys()
+    for key, value in stats.items():
+        torch.testing.assert_close(value, generic[key], rtol=1e-5, atol=1e-6, msg=key)

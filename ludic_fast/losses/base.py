@@ -149,16 +149,21 @@ class HeadLoss:
         validate_head_inputs(h, weight, tb.targets, bias, logit_scale, softcap, temp, -100)
         transform = HeadTransform.build(logit_scale, softcap, temp, tb.n, h.device)
 
+        whole: list[Stats] = []  # the stats of the head's one call on all tokens (at the final lp, H)
+
         def objective(lp: Tensor, H: Tensor | None, rows: slice | None) -> Tensor:
-            return self.objective(lp, H, tb if rows is None else tb.subset(rows), False)[0]
+            if rows is not None:
+                return self.objective(lp, H, tb.subset(rows), False)[0]
+            value, stats = self.objective(lp, H, tb, True)
+            whole.append(stats)
+            return value
 
         impl = resolve_backend(backend, h.device)
         plan = FusedPlan(transform, objective, self.coupled, self.needs_entropy, chunk_elements, impl,
                          groups=self.coupling_groups(tb) if self.coupled else None,
                          memory_budget=parse_memory_budget(memory_budget))
         loss, lp, H = fused_head_loss(h, weight, bias, tb.targets, plan)
-        with torch.no_grad():
-            _, stats = self.objective(lp, H, tb, True)
+        (stats,) = whole  # fused_head_loss evaluates the objective on all tokens exactly once
         stats["loss"] = loss = loss * guard
         return loss, detach_stats(stats)
 

@@ -46,7 +46,8 @@ from ludic_fast.ops.budget import env_chunk_elements
 from ludic_fast.ops.plan import HeadPlan, plan_head, strategy_requested
 from ludic_fast.ops.torch_head import ChunkedHead, HeadTransform, RowStats, finite_or_zero, stats_from_sums
 
-#: objective(lp, H or None, rows or None) -> scalar loss; `rows` selects the chunk (None: all tokens).
+#: objective(lp, H or None, rows or None) -> scalar loss; `rows` selects the chunk (None: all tokens). A forward
+#: calls it on all tokens (rows None) exactly once, at the final (lp, H): its value is the loss.
 Objective = Callable[[Tensor, Tensor | None, slice | None], Tensor]
 
 
