@@ -10,8 +10,8 @@ Token-local losses (g at token t depends only on lp_t, H_t and constants): one p
 Per chunk: logits z = h W^T once (2 n D V), lse / E_p z / z_y from z, (g_lp, g_H) by autograd of the
 objective on the chunk's O(n) vectors, z overwritten by d(raw) in place, then dh += d(raw) W and
 dW += d(raw)^T h (4 n D V). Forward + backward = 6NDV; backward only scales dh, dW, db by grad_output (the
-triton backend with one token chunk instead keeps d(raw) and forms dW = d(raw)^T (grad_output h) in the
-backward: no pass over the [V, D] gradient beyond the GEMM that writes it).
+triton backend with one token chunk whose d(raw) buffer is no larger than dW instead keeps d(raw) and forms
+dW = d(raw)^T (grad_output h) in the backward: no pass over the [V, D] gradient beyond the GEMM that writes it).
 
 Sequence-coupled losses (g at t depends on other tokens: sequence ratios, per-response max entropy,
 batch quantiles): pass 1 computes lp and H of all tokens without gradients (2NDV), the objective's
