@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 #: (N, D, V) of the GPU benchmark, and the rehearsal's tiny stand-in for each
-SHAPES = {  # Llama-3-8B's and N=2048 were measured on the H200 (bench/results/gpu/shapes); kept for reruns
+SHAPES = {  # Llama-3-8B's, N=64 and N=2048 were measured on the H200 (bench/results/gpu/shapes); kept for reruns
     "anchor": ((8192, 4096, 151936), (256, 64, 4099)),
     "N=512": ((512, 4096, 151936), (64, 64, 4099)),
     "qwen0.5b": ((16384, 896, 151936), (512, 32, 4099)),
@@ -41,7 +41,7 @@ DECISIVE_IMPLS = ("ours-generic", "ours-fused", "trl", "gemm-fwd+bwd")
 BENCH_STAGES = {
     "decisive": (("anchor", "N=512"), ("head", "cispo"), DECISIVE_IMPLS),
     "experimental": (("anchor",), ("head", "cispo"), ("ours-triton-fused-tma", "ours-fused-tl-dot-tma")),
-    "shapes": (("qwen0.5b", "N=64"), ("head", "cispo"), DECISIVE_IMPLS + ("liger",)),
+    "shapes": (("qwen0.5b",), ("head", "cispo"), DECISIVE_IMPLS + ("ours-triton-fused", "ours-fused-tl-dot")),
 }
 #: call -> (its seconds, [(stage, seconds)] in the order run); each stage also stops when the call's time is up
 CALLS = {
@@ -115,7 +115,7 @@ def budget_table() -> str:
                  "s; a hang costs its limit",
         "decisive": "head op + CISPO at the anchor and N=512: ours, TRL, the 6NDV floor",
         "experimental": f"the TMA variants: their {SUITE_TMA_TESTS} tests, then their bench cases at the anchor",
-        "shapes": "head op + CISPO at Qwen2.5-0.5B's shape and N=64 (the two the H200 run left open); Liger added",
+        "shapes": "head op + CISPO at Qwen2.5-0.5B's shape (D=896), with the tl.dot strategy forced: which wins there",
         "e2e": f"trainer end to end (Qwen2.5-0.5B shape, 16 x 1024 tokens): {', '.join(E2E_PATHS)}; "
                f"--find-max capped at {E2E_FIND_MAX_S} s",
     }
