@@ -72,6 +72,15 @@ def log1p_(x):
 
 
 @triton.jit
+def expm1_(x):
+    """e^x - 1 to a few ulps for small x (Kahan: the ratio x / log(e^x) restores what e^x - 1 rounds away);
+    exactly -1 once e^x rounds to 0 (x = -inf included)."""
+    u = tl.exp(x)
+    um1 = u - 1.0
+    return tl.where(u == 1.0, x, tl.where(um1 == -1.0, um1, um1 * (x / tl.log(u))))
+
+
+@triton.jit
 def finite_or_zero(m):
     """Row maxima as shifts: -inf (no finite logit yet) becomes 0, so z - shift stays -inf (not NaN)."""
     return tl.where(m == float("-inf"), 0.0, m)

@@ -8,8 +8,13 @@ q = e^U:
 
   KIND 0  forward KL   D = Σ q (U - S)                         dD/dz_s = p - q
   KIND 1  reverse KL   D = Σ p (S - U)                         dD/dz_s = p (S - U - D)
-  KIND 2  JSD(β)       D = β Σ q (U - log m) + (1-β) Σ p (S - log m),  m = β q + (1-β) p
-                       dD/dz_s = (1-β) p (S - log m - Σ p (S - log m))
+  KIND 2  JSD(β)       D = β Σ q B + (1-β) Σ p A,  m = β q + (1-β) p,  A = S - log m,  B = U - log m
+                       dD/dz_s = (1-β) p (A - Σ p A / Σ p)
+
+JSD's log-ratios come from d = U - S alone: L = log1p(w expm1(-|d|)), w = β (d <= 0) or 1-β (d > 0),
+A = -max(d, 0) - L, B = min(d, 0) - L (exact where one side has no mass, 0 where p = q); the mean of A is
+divided by Σ p, which the rounded lse leaves 1 + ε; the three sums add up in fp64 and the mean is subtracted
+as two floats (`ludic_fast.ops.divergence_math` says why each matters).
 
 Every term of zero mass (a column of -inf) is exactly 0 (0 log 0 = 0); D is stored clamped at 0 (NaN kept);
 a reverse-KL row of D = +inf (student mass where the teacher has none) gets a NaN gradient; a row of weight
@@ -29,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ._device import on_device_of
-from ._logit_math import log1p_, tanh_
+from ._logit_math import expm1_, log1p_, tanh_
 
 BLOCK_V, NUM_WARPS = 2048, 8
 
@@ -51,18 +56,11 @@ def _final(row_ptr, b_ptr, cols, ok, inv_t, HAS_B: tl.constexpr, TRANSFORM: tl.c
 
 
 @triton.jit
-def _log_mix(ls, lt, log_b, log_1b):
-    """log m = log(β q + (1-β) p) from S = log p, U = log q: a stable two-term log-sum-exp (-inf if both are)."""
-    a = lt + log_b
-    b = ls + log_1b
-    hi = tl.maximum(a, b)
-    return tl.where(hi == float("-inf"), hi, hi + tl.log(1.0 + tl.exp(tl.minimum(a, b) - hi)))
-
-
-@triton.jit
-def _plogr(p, log_p, log_r):
-    """p (log p - log r), exactly 0 where p = 0 (NaN stays NaN)."""
-    return tl.where(p == 0, 0.0, p * (log_p - log_r))
+def _mixture_log_ratios(ls, lt, beta):
+    """(A, B) = (S - log m, U - log m) from d = U - S (module docstring); NaN where S = U = -inf."""
+    d = lt - ls
+    L = log1p_(tl.where(d > 0, 1.0 - beta, beta) * expm1_(-tl.abs(d)))
+    return -tl.maximum(d, 0.0) - L, tl.minimum(d, 0.0) - L
 
 
 @triton.jit
@@ -153,15 +151,16 @@ def divergence_rows_kernel(
             u_y += tl.sum(tl.where(cols == tgt, u_s, 0.0), 0)
     lse_s = m_s + tl.log(sum_s)
     lse_t = m_t + tl.log(sum_t)
-    log_b = tl.log(beta)
-    log_1b = tl.log(1.0 - beta)
-    kl_s = 0.0
+    mean_a = 0.0  # KIND 2: Σ p A / Σ p = mean_a + mean_lo (module docstring)
+    mean_lo = 0.0
     if KIND == 0:  # relative to the maxima: no rounding step of the logits' size (D = 0 exactly at V = 1)
         div = gap / sum_t - tl.log(sum_t) + tl.log(sum_s)
     elif KIND == 1:
         div = gap / sum_s - tl.log(sum_s) + tl.log(sum_t)
     else:
-        kl_t = 0.0
+        kl_t = tl.zeros((), tl.float64)  # the sums in fp64 (module docstring)
+        kl_s = tl.zeros((), tl.float64)
+        sum_p = tl.zeros((), tl.float64)
         for v0 in range(0, n_cols, BLOCK_V):
             cols = v0 + tl.arange(0, BLOCK_V)
             ok = cols < n_cols
@@ -169,10 +168,18 @@ def divergence_rows_kernel(
             _u, zt, _th = _final(t_row, bt_ptr, cols, ok, inv_t, HAS_BT, T_LOGITS, SCALE, HAS_SOFTCAP, SOFTCAP)
             ls = zs - lse_s
             lt = zt - lse_t
-            log_m = _log_mix(ls, lt, log_b, log_1b)
-            kl_t += tl.sum(_plogr(tl.exp(lt), lt, log_m), 0)
-            kl_s += tl.sum(_plogr(tl.exp(ls), ls, log_m), 0)
-        div = beta * kl_t + (1.0 - beta) * kl_s
+            p = tl.exp(ls)
+            q = tl.exp(lt)
+            a, b = _mixture_log_ratios(ls, lt, beta)
+            kl_t += tl.sum(tl.where(q == 0, 0.0, q * b).to(tl.float64), 0)
+            kl_s += tl.sum(tl.where(p == 0, 0.0, p * a).to(tl.float64), 0)
+            sum_p += tl.sum(p.to(tl.float64), 0)
+        div = (beta * kl_t + (1.0 - beta) * kl_s).to(tl.float32)
+        r = 1.0 / sum_p.to(tl.float32)  # kl_s / sum_p without a div.rn.f64 (a subroutine call): an fp32
+        mean64 = kl_s * r  # reciprocal and one Newton step, relative error ~1e-14
+        mean64 += (kl_s - mean64 * sum_p) * r
+        mean_a = mean64.to(tl.float32)
+        mean_lo = (mean64 - mean_a.to(tl.float64)).to(tl.float32)
     loss = tl.where(div < 0.0, 0.0, div)  # D >= 0: a rounding below 0 is clamped, NaN kept
     lse_1 = 0.0
     if HARD:
@@ -201,7 +208,8 @@ def divergence_rows_kernel(
             elif KIND == 1:
                 d = tl.where(p == 0, 0.0, p * (ls - lt - div))
             else:
-                d = tl.where(p == 0, 0.0, (1.0 - beta) * p * (ls - _log_mix(ls, lt, log_b, log_1b) - kl_s))
+                a, _b = _mixture_log_ratios(ls, lt, beta)
+                d = tl.where(p == 0, 0.0, (1.0 - beta) * p * ((a - mean_a) - mean_lo))
             if HARD:
                 p1 = tl.exp(u_s - lse_1)
                 d = (1.0 - hard) * d + (hard / inv_t) * (p1 - tl.where(cols == tgt, 1.0, 0.0))

@@ -3,8 +3,18 @@ s = log_softmax(z_s) and the teacher's log-probs t, the divergence D per row and
 
     forward_kl   D = Σ_v p_t (t - s)                                dD/dz_s = p_s - p_t
     reverse_kl   D = Σ_v p_s (s - t)                                dD/dz_s = p_s (s - t - D)
-    jsd          D = β Σ p_t (t - log m) + (1 - β) Σ p_s (s - log m),  m = β p_t + (1 - β) p_s
-                 dD/dz_s = (1 - β) p_s (g - Σ_v p_s g),  g = s - log m
+    jsd          D = β Σ p_t b + (1 - β) Σ p_s a,  m = β p_t + (1 - β) p_s,  a = s - log m,  b = t - log m
+                 dD/dz_s = (1 - β) p_s (a - ā),  ā = Σ_v p_s a / Σ_v p_s
+
+JSD's log-ratios come from one difference per column, d = t - s, never as a difference of two logs:
+L = log1p(w expm1(-|d|)) with w = β where d <= 0 and 1 - β where d > 0, then a = -max(d, 0) - L and
+b = min(d, 0) - L (exact where one side has no mass: a = -log(1 - β) where p_t = 0, b = -log β where p_s = 0;
+exactly 0 where p_s = p_t). The mean ā is divided by Σ p_s: the rounded log-partition leaves Σ p_s = 1 + ε
+(ε ~ 1e-6 at V = 152k in fp32), and p_s (a - Σ p_s a) would carry ε ā p_s, which swamps a gradient that is a
+small difference (a top-k teacher's zero tail, where a = -log(1 - β) on nearly all of the student's mass).
+There a - ā is ~1e-3 of a and ā or less, so JSD's sums add up in float64 (`_row_sum64`) and ā is
+subtracted as a pair of floats (hi + lo = ā): an ā rounded to fp32 (~1e-7 of it) would cost ~1e-4 of
+the gradient.
 
 A zero-mass column (log-prob -inf) adds exactly 0 to every sum and gradient (0 · log 0 = 0). Where the
 student has mass and the teacher none, reverse KL is +inf (so is forward KL the other way round); a row of
@@ -42,12 +52,21 @@ def entropy(z: Tensor) -> Tensor:
     return (sigma.log() - tau / sigma).clamp_(min=0.0).to(z.dtype)
 
 
-def _pdot_(p: Tensor, x: Tensor, out: Tensor) -> Tensor:
+def _pdot_(p: Tensor, x: Tensor, out: Tensor, wide: bool = False) -> Tensor:
     """Σ_v p x per row, the terms with p = 0 exactly 0 (x may be ±inf or NaN there; x is zeroed there). The
-    products go to `out` (a free chunk buffer, or x itself) and are summed by torch's pairwise row sum: a
-    BLAS dot of 150k terms loses ~1e-4 of a KL of 4 in fp32."""
+    products go to `out` (a free chunk buffer, or x itself) and are summed by torch's pairwise row sum (a
+    BLAS dot of 150k terms loses ~1e-4 of a KL of 4 in fp32), or with `wide` by `_row_sum64`."""
     x.masked_fill_(p == 0, 0.0)
-    return torch.mul(p, x, out=out).sum(1)
+    prod = torch.mul(p, x, out=out)
+    return _row_sum64(prod) if wide else prod.sum(1)
+
+
+def _row_sum64(x: Tensor, block: int = 16384) -> Tensor:
+    """Σ_v x per row in float64, with a float64 copy of at most `block` columns at a time."""
+    total = x.new_zeros(x.shape[0], dtype=torch.float64)
+    for j in range(0, x.shape[1], block):
+        total += x[:, j:j + block].sum(1, dtype=torch.float64)
+    return total
 
 
 def dense_divergence(kind: str, beta: float, s: Tensor, t: Tensor,
@@ -67,14 +86,25 @@ def dense_divergence(kind: str, beta: float, s: Tensor, t: Tensor,
             return loss, None, ps
         dz = diff.sub_(loss[:, None]).mul_(ps)  # diff is 0 where p_s = 0
         return loss, dz.mul_(torch.where(torch.isinf(loss), math.nan, 1.0).to(dz.dtype)[:, None]), ps
-    log_m = torch.logaddexp(t + math.log(beta), s + math.log1p(-beta))
-    p = t.exp()  # p_t for now
-    kl_t = _pdot_(p, t.sub_(log_m), t)
-    ps = torch.exp(s, out=p)
-    g = s.sub_(log_m)
-    kl_s = _pdot_(ps, g, log_m)  # g is 0 where p_s = 0 from here on
-    loss = beta * kl_t + (1.0 - beta) * kl_s
-    return loss, (g.sub_(kl_s[:, None]).mul_(ps).mul_(1.0 - beta) if want_grad else None), ps
+    a, b = _mixture_log_ratios_(torch.sub(t, s), beta)
+    pt, ps = t.exp_(), s.exp_()
+    kl_t = _pdot_(pt, b, b, wide=True)
+    kl_s = _pdot_(ps, a, pt, wide=True)  # a is 0 where p_s = 0 from here on
+    loss = (beta * kl_t + (1.0 - beta) * kl_s).to(s.dtype)
+    if not want_grad:
+        return loss, None, ps
+    mean = kl_s / _row_sum64(ps)
+    hi = mean.to(a.dtype)
+    return loss, a.sub_(hi[:, None]).sub_((mean - hi).to(a.dtype)[:, None]).mul_(ps).mul_(1.0 - beta), ps
+
+
+def _mixture_log_ratios_(d: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    """(a, b) = (s - log m, t - log m) from d = t - s (module docstring); d is consumed (b is written over
+    it). NaN where both sides have no mass (d = -inf - -inf): every user masks those columns."""
+    w = (d > 0).to(d.dtype).mul_(1.0 - 2.0 * beta).add_(beta)
+    L = d.abs().neg_().expm1_().mul_(w).log1p_()
+    a = torch.clamp(d, min=0.0, out=w).add_(L).neg_()
+    return a, d.clamp_(max=0.0).sub_(L)
 
 
 def bucket_divergence(kind: str, beta: float, s: Tensor, idx: Tensor, t_coarse: Tensor,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _interp import DEVICE, MARKS
+from _jsd_far_teacher import jsd_errors_far_teacher
 
 from ludic_fast import linear_divergence
 from ludic_fast import reference as R
@@ -116,6 +117,14 @@ def test_probability_and_topk_teachers(kind):
         torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-7)
         for a, b in zip(torch.autograd.grad(out, (hs, Ws)), torch.autograd.grad(ref, d)):
             torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-6)
+
+
+def test_jsd_gradient_against_a_far_top_k_teacher():
+    """V = 8195 (four blocks and a tail), a top-k teacher on the student's 4 least likely tokens
+    (`_jsd_far_teacher`): the gradient is a small difference of its terms. Within 1e-5 of the float64 twin
+    (the kernel whose JSD sums were fp32 and whose ā was not divided by Σ p: 3.1e-4 on d(hidden))."""
+    loss_err, dh_err, dw_err = jsd_errors_far_teacher(8195, 4, "triton", DEVICE)
+    assert loss_err <= 1e-6 and dh_err <= 1e-5 and dw_err <= 1e-5, (loss_err, dh_err, dw_err)
 
 
 def test_row_maximum_in_the_tail_block_and_target_zero():
