@@ -27,8 +27,9 @@ import argparse
 import sys
 from pathlib import Path
 
-#: (N, D, V) of the GPU benchmark, and the rehearsal's tiny stand-in for each
-SHAPES = {  # Llama-3-8B's, N=64 and N=2048 were measured on the H200 (bench/results/gpu/shapes); kept for reruns
+#: (N, D, V) of the GPU benchmark, and the rehearsal's tiny stand-in for each (Llama-3-8B's, N=64 and N=2048 were
+#: measured on the H200, bench/results/gpu-runs/2026-11-27-h200/shapes; kept for reruns)
+SHAPES = {
     "anchor": ((8192, 4096, 151936), (256, 64, 4099)),
     "N=512": ((512, 4096, 151936), (64, 64, 4099)),
     "qwen0.5b": ((16384, 896, 151936), (512, 32, 4099)),

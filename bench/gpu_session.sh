@@ -114,6 +114,7 @@ suite() {  # suite GROUP SECONDS
 bench_stage() {  # bench_stage STAGE SECONDS: each implementation in its own process, then the stage's tables
     local stage=$1 end=$((SECONDS + $2 - 10)) rc=0 impl left tiny=()  # 10 s kept for the tables
     ((TINY)) && tiny=(--tiny)
+    rm -rf "${RESULTS:?}/$stage"  # another run's tables in it would be merged into this one's
     for impl in $("$PY" bench/gpu_plan.py impls "$stage"); do
         left=$((end - SECONDS))
         if ((left < 5)); then
