@@ -404,8 +404,7 @@ class FusedLossFunction(torch.autograd.Function):
         # does g h for a deferred dW (exact when g is a power of two, e.g. 1)
         g = g_loss.to(ctx.acc)
         if d_raw is not None:  # deferred (one token chunk): dW = d(raw)^T (g h), one GEMM, no pass over [V, D]
-            dW = torch.mm(d_raw.T, h_rows * g, out=torch.empty(d_raw.shape[1], h_rows.shape[1], dtype=d_raw.dtype,
-                                                                 device=d_raw.device))
+            dW = torch.mm(d_raw.T, h_rows * g)
             return _scaled(dh, g, h_dt), dW.to(w_dt), _scaled(db, g, b_dt), None, None
         return _scaled(dh, g, h_dt), _scaled(dW, g, w_dt), _scaled(db, g, b_dt), None, None
 
