@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
+import math
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +46,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from ludic_fast.distributed.launch import all_ranks, average_gradients, full_parameters, global_max, global_sum
 from ludic_fast.distributed.rank0 import Rank0Publisher
@@ -56,6 +58,7 @@ from ludic_fast.engine.memory_estimate import estimate_peak_memory
 from ludic_fast.engine.objective import MicroBatch, Objective, T
 from ludic_fast.engine.publisher import PolicyPublisher, policy_params
 from ludic_fast.engine.schedule import lr_lambda
+from ludic_fast.engine.step_parts import grad_norm_and_clip, make_adamw, read_step_values
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
 from ludic_fast.run.checkpoint import (
@@ -143,9 +146,8 @@ class Engine:
                 )
         model_setup.compile_layers(cfg, [self.model, *frozen])
         self.params = [p for p in self.model.parameters() if p.requires_grad] + list(objective.parameters())
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas), eps=cfg.eps
-        )
+        self.optimizer = make_adamw(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas),
+                                    eps=cfg.eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.memory_estimate = estimate_peak_memory(
             self.model, micro_tokens=cfg.micro_token_budget, compute_dtype=self.amp_dtype,
@@ -201,7 +203,10 @@ class Engine:
                 return fn(head, hidden)
 
         def run(lm: nn.Module, **inputs: Tensor) -> T:
-            return call_head(lm, head_fn, final_hidden_states(lm, **inputs), fp32_head=fp32_head)
+            with record_function("step/body_forward"):
+                hidden = final_hidden_states(lm, **inputs)
+            with record_function("step/head_loss"):
+                return call_head(lm, head_fn, hidden, fp32_head=fp32_head)
 
         with self._autocast():
             return call_in_forward(self.model, run, **self._model_inputs(batch))
@@ -246,9 +251,11 @@ class Engine:
         for i in range(passes):
             m = micros[min(i, len(micros) - 1)]
             weight = m.size / n_total if i < len(micros) else 0.0  # a repeat only keeps the ranks in step
-            loss, stats = self.micro_loss(m.batch)
+            with record_function("step/forward_loss"):
+                loss, stats = self.micro_loss(m.batch)
             scaled = loss * weight
-            (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
+            with record_function("step/backward"):
+                (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
             if i < len(micros):
                 total_loss += loss.detach() * weight
                 micro_stats.append(stats)
@@ -263,27 +270,44 @@ class Engine:
         with self._whole_parameters(getattr(self.objective, "samples_policy", False)):
             batch = await self.objective.next_batch(self)
         t_fetch = time.perf_counter() - t0
-        micros = self.objective.micro_batches(self, batch)
+        with record_function("step/collate"):
+            micros = self.objective.micro_batches(self, batch)
         total_loss, micro_stats, sizes, aux = self._backward(micros)
         lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        loss_finite = bool(torch.isfinite(total_loss))
+        with record_function("step/clip"):
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            grad_norm_t = grad_norm_and_clip(self.params, self.cfg.max_grad_norm)
+        with record_function("step/host_read"):  # the step's one host sync: the skip decision and the stats
+            loss, grad_norm, tokens = read_step_values(total_loss, grad_norm_t, [m.batch for m in micros],
+                                                       micro_stats, self.device)
+        loss_finite = math.isfinite(loss)
         if self.data_parallel:  # every rank skips, and gives up, at the same step
             loss_finite = all_ranks(loss_finite)
-        finite = loss_finite and bool(torch.isfinite(grad_norm))
-        if finite:
-            self.optimizer.step()
-            self.scheduler.step()
-        else:
-            self.skipped_steps += 1
-        self.nonfinite_in_row = 0 if loss_finite else self.nonfinite_in_row + 1
-        if self.scaler is not None:
-            self.scaler.update()  # lowers the scale after an overflow (the step above was skipped)
-        self.optimizer.zero_grad(set_to_none=True)
+        finite = loss_finite and math.isfinite(grad_norm)
+        with record_function("step/optimizer"):
+            if finite:
+                self.optimizer.step()
+                self.scheduler.step()
+            else:
+                self.skipped_steps += 1
+            self.nonfinite_in_row = 0 if loss_finite else self.nonfinite_in_row + 1
+            if self.scaler is not None:
+                self.scaler.update()  # lowers the scale after an overflow (the step above was skipped)
+            self.optimizer.zero_grad(set_to_none=True)
         self.step_idx += 1
+        with record_function("step/stats"):
+            grouped = self._after_step(batch, micro_stats, sizes, aux, finite, grad_norm, lr, t0, t_fetch, tokens,
+                                       micros)
+        if self.nonfinite_in_row >= self.cfg.max_nonfinite_steps:
+            raise diverged_loss(self.step_idx, self.nonfinite_in_row, lr)
+        return grouped
+
+    def _after_step(self, batch: Any, micro_stats: list[dict[str, Any]], sizes: list[int], aux: list[Any],
+                    finite: bool, grad_norm: float, lr: float, t0: float, t_fetch: float, tokens: int,
+                    micros: Sequence[MicroBatch]) -> dict[str, Any]:
+        """The step's stats, the objective's after-step hook, the weight push, the checkpoint and the log
+        record (or {"train/step"} between logs)."""
         stats = self.objective.step_stats(self, batch, micro_stats, sizes)
         self.objective.after_step(self, stats, aux, finite)
         if self.publisher is not None and self.cfg.sync_every_steps > 0:
@@ -294,21 +318,18 @@ class Engine:
                                                  state=self._checkpoint_state)
             if saved is not None:
                 self._checkpoint_saved()
-        grouped = {"train/step": self.step_idx}
-        if self.step_idx % self.cfg.log_every == 0:
-            stats.update(grad_norm=float(grad_norm), train_step=self.step_idx, skipped_steps=float(self.skipped_steps),
-                         step_skipped=0.0 if finite else 1.0, lr=lr)
-            grouped = self._log(stats, t0, t_fetch, micros)
-        if self.nonfinite_in_row >= self.cfg.max_nonfinite_steps:
-            raise diverged_loss(self.step_idx, self.nonfinite_in_row, lr)
-        return grouped
+        if self.step_idx % self.cfg.log_every != 0:
+            return {"train/step": self.step_idx}
+        stats.update(grad_norm=grad_norm, train_step=self.step_idx, skipped_steps=float(self.skipped_steps),
+                     step_skipped=0.0 if finite else 1.0, lr=lr)
+        return self._log(stats, t0, t_fetch, tokens, micros)
 
-    def _log(self, stats: dict[str, Any], t0: float, t_fetch: float, micros: Sequence[MicroBatch]) -> dict[str, Any]:
+    def _log(self, stats: dict[str, Any], t0: float, t_fetch: float, tokens: int,
+             micros: Sequence[MicroBatch]) -> dict[str, Any]:
         """The step's record with its timings and throughput (module docstring), reduced over ranks when
         configured, grouped and logged."""
         elapsed = time.perf_counter() - t0
         compute = max(elapsed - t_fetch, 1e-9)
-        tokens = sum(_non_pad_tokens(m.batch) for m in micros)
         examples = sum(m.size if m.examples is None else m.examples for m in micros)
         stats.update({"perf/step_time_s": elapsed, "perf/batch_time_s": t_fetch, "perf/tokens": float(tokens),
                       "perf/examples": float(examples), "perf/tokens_per_s": tokens / compute,
@@ -438,14 +459,6 @@ class Engine:
         self, num_steps: int, *, log_fn: Callable[[dict], None] | None = None, stop: StopOnSignal | None = None
     ) -> list[dict[str, Any]]:
         return asyncio.run(self.train(num_steps, log_fn=log_fn, stop=stop))
-
-
-def _non_pad_tokens(batch: Mapping[str, Tensor]) -> int:
-    """The tokens of a collated micro-batch without its padding: packed, the sum of its sequence lengths;
-    padded, the sum of its attention mask."""
-    if "cu_seqlens" in batch:
-        return int(batch["cu_seqlens"][-1])
-    return int(batch["attention_mask"].sum())
 
 
 def __getattr__(name: str) -> Any:

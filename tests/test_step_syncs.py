@@ -1,0 +1,150 @@
+"""The engine step's host reads (each a host-device synchronisation on CUDA) and the exactness of its speed
+changes: one host read in the step's own code (`engine.step_parts.read_step_values`), counted on the CPU by
+`engine.host_syncs.HostReads`; AdamW multi-tensor (fused on CUDA), clipping multi-tensor, the stats read in that
+one transfer — the parameters after a step and the logged values equal, bit for bit, those of torch's
+per-parameter AdamW and clipping with the stats read as before."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+
+import pytest
+import torch
+from _trainer_fixtures import ListSource, make_items, tiny_model
+
+from ludic_fast.algorithm import make_cispo
+from ludic_fast.data.types import SAWBatch
+from ludic_fast.engine.host_syncs import HostReads
+from ludic_fast.engine.step_parts import grad_norm_and_clip, make_adamw, read_step_values
+from ludic_fast.run.stats import group_log_stats
+from ludic_fast.trainer import Trainer, TrainerConfig
+
+#: the step's own code: the engine, the objective, the stats
+OWN = (f"ludic_fast{os.sep}engine{os.sep}", f"ludic_fast{os.sep}objectives{os.sep}", f"ludic_fast{os.sep}run{os.sep}")
+#: its reads, (kind, file, function): the one transfer of the step's values, and `aggregate_stats`' read of the
+#: host tensors it reduces the already-read stats in (a host tensor: no synchronisation on any device)
+OWN_READS = [("to host", "ludic_fast/engine/step_parts.py", "read_step_values"),
+             ("to host", "ludic_fast/run/stats.py", "_to_float_dict")]
+#: reads elsewhere in ludic_fast that the step reaches (the loss's input checks and action selection, the
+#: packed path's sequence bounds): at most these many per micro-batch, by layout
+OTHER_READS = {"padded": 2, "packed": 3}
+
+
+def _trainer(layout: str, **cfg) -> Trainer:
+    items = make_items(6, seed=1)
+    config = TrainerConfig(model_device="cpu", pad_token_id=0, sync_every_steps=0, max_seq_len=16,
+                           micro_token_budget=24, layout=layout, **cfg)
+    return Trainer(model=tiny_model(), algo=make_cispo(group_size=2), batch_source=ListSource([items]), cfg=config)
+
+
+def _site(read) -> tuple[str, str, str]:
+    path, rest = read.where.split(":", 1)
+    return read.kind, path.replace(os.sep, "/"), rest.split("(", 1)[1].rstrip(")")
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_the_step_reads_the_device_once(layout):
+    trainer = _trainer(layout)
+    n_micro = len(trainer.objective.micro_batches(trainer, SAWBatch(items=list(make_items(6, seed=1)))))
+    assert n_micro > 1
+    trainer.train_step_sync()  # warm-up: AdamW allocates its state
+    with HostReads() as reads:
+        trainer.train_step_sync()
+    own = [_site(r) for r in reads.log if r.where.startswith(OWN)]
+    other = [r for r in reads.log if r.where.startswith("ludic_fast") and not r.where.startswith(OWN)]
+    assert sorted(own) == sorted(OWN_READS), reads.where()
+    assert len(other) <= OTHER_READS[layout] * n_micro, reads.where()
+
+
+def test_the_counter_sees_every_kind_of_read():
+    x = torch.arange(4.0)
+    with HostReads() as reads:
+        float(x.sum()), x.sum().item(), bool(x.max() > 1), int(x[0])
+        x.tolist()
+        x[x > 1]
+        torch.nonzero(x)
+        torch.optim.AdamW([torch.nn.Parameter(x.clone())]).step()  # its host step counter: not counted
+    assert [r.kind for r in reads.log] == ["scalar"] * 4 + ["to host"] + ["data-dependent shape"] * 2
+    assert all(r.where.startswith("tests/test_step_syncs.py:") for r in reads.log), reads.where()
+
+
+def _old_step(trainer: Trainer) -> tuple[dict, int]:
+    """The step as the engine took it before: per-parameter AdamW and clipping (torch's defaults off CUDA),
+    `bool()` / `float()` reads of the loss, the norm and the stats. Returns (logged values, micro-batches)."""
+    opt = torch.optim.AdamW(trainer.params, lr=trainer.cfg.lr, weight_decay=trainer.cfg.weight_decay,
+                            betas=tuple(trainer.cfg.betas), eps=trainer.cfg.eps, foreach=False)
+    saw = asyncio.run(trainer.objective.next_batch(trainer))
+    micros = trainer.objective.micro_batches(trainer, saw)
+    total, micro_stats, sizes, _ = trainer._backward(micros)
+    norm = torch.nn.utils.clip_grad_norm_(trainer.params, trainer.cfg.max_grad_norm, foreach=False)
+    assert bool(torch.isfinite(total)) and bool(torch.isfinite(norm))
+    opt.step()
+    stats = trainer.objective.step_stats(trainer, saw, micro_stats, sizes)
+    stats["grad_norm"] = float(norm)
+    return group_log_stats(stats), len(micros)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_a_step_equals_the_per_parameter_step(layout):
+    new, old = _trainer(layout), _trainer(layout)
+    assert all(torch.equal(a, b) for a, b in zip(new.params, old.params))
+    record = new.train_step_sync()
+    expected, n_micro = _old_step(old)
+    assert n_micro > 1  # the stats of several micro-batches reduced
+    for a, b in zip(new.params, old.params):
+        assert torch.equal(a, b)
+    for key, value in expected.items():
+        assert record[key] == value, key
+
+
+def test_grad_norm_and_clip_equal_torch_clip():
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (3, 5, 7)]
+    grads = [torch.randn(p.shape) * 2 for p in params]
+    for max_norm in (1.0, None):
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        norm = grad_norm_and_clip(params, max_norm)
+        ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+        for r, g in zip(ref, grads):
+            r.grad = g.clone()
+        expected = torch.nn.utils.clip_grad_norm_(ref, float("inf") if max_norm is None else max_norm, foreach=False)
+        assert torch.equal(norm, expected)
+        for p, r in zip(params, ref):
+            assert torch.equal(p.grad, r.grad)
+        if max_norm is None:
+            assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
+        else:
+            assert float(norm) > 1.0 and not torch.equal(params[0].grad, grads[0])  # it did clip
+
+
+def test_make_adamw_is_multi_tensor_off_cuda_and_equals_the_loop():
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5))]
+    loop = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt = make_adamw(params, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
+    ref = torch.optim.AdamW(loop, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    assert opt.defaults["foreach"] is True and not opt.defaults["fused"]
+    for _ in range(3):
+        for p, q in zip(params, loop):
+            g = torch.randn(p.shape)
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+    for p, q in zip(params, loop):
+        assert torch.equal(p, q)
+
+
+def test_read_step_values_reads_everything_once():
+    loss, norm = torch.tensor(0.25), torch.tensor(3.5)
+    padded = {"attention_mask": torch.tensor([[1, 1, 0], [1, 1, 1]])}
+    packed = {"cu_seqlens": torch.tensor([0, 4, 9])}
+    stats = [{"loss": torch.tensor(0.5, dtype=torch.bfloat16), "n": 3.0}, {"loss": torch.tensor([1.5])}]
+    kept = copy.deepcopy(stats)
+    with HostReads() as reads:
+        out = read_step_values(loss, norm, [padded, packed], stats, torch.device("cpu"))
+    assert out == (0.25, 3.5, 5 + 9)
+    assert stats == [{"loss": float(kept[0]["loss"]), "n": 3.0}, {"loss": float(kept[1]["loss"])}]
+    assert len(reads) == 1
