@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import traceback
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -137,4 +138,40 @@ class HostReads:
         return out
 
 
-__all__ = ["HostRead", "HostReads"]
+class CudaSyncs:
+    """`with CudaSyncs() as syncs:` records every synchronising CUDA call that torch reports under
+    `torch.cuda.set_sync_debug_mode("warn")` as a `HostRead("cuda sync", where)` in `syncs.log` (the mode and
+    the warning filters are restored on exit). Calls made in autograd's device threads (the backward) are
+    reported where the backward was called."""
+
+    def __init__(self) -> None:
+        self.log: list[HostRead] = []
+
+    def __enter__(self) -> CudaSyncs:
+        self._mode = torch.cuda.get_sync_debug_mode()
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.simplefilter("always")
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if "synchronizing CUDA operation" in str(message):
+                self.log.append(HostRead("cuda sync", _caller() or "torch.optim"))
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.cuda.set_sync_debug_mode(self._mode)
+        self._warnings.__exit__(*exc)
+
+    def __len__(self) -> int:
+        return len(self.log)
+
+    where = HostReads.where
+
+
+__all__ = ["CudaSyncs", "HostRead", "HostReads"]

@@ -55,7 +55,8 @@ def read_step_values(loss: Tensor, grad_norm: Tensor, micro_batches: Sequence[Ma
                      micro_stats: Sequence[dict[str, Any]], device: torch.device) -> tuple[float, float, int]:
     """(loss, gradient norm, non-pad tokens) as Python numbers, in one host transfer that also reads every
     one-element tensor of `micro_stats` (replaced in place by its value as a float, as `float(v)` gives it).
-    A DTensor reads as its full value. Values go through float64: exact for float32 / bf16 / fp16 values and for counts below 2^53."""
+    A DTensor reads as its full value. Values go through float64: exact for float32 / bf16 / fp16 values and
+    for counts below 2^53."""
     stat_keys = [(i, k) for i, s in enumerate(micro_stats) for k, v in s.items()
                  if isinstance(v, Tensor) and v.numel() == 1]
     tensors = [loss, grad_norm, *(non_pad_tokens(b) for b in micro_batches),
