@@ -6,10 +6,18 @@ grad clipping, AdamW — on a Llama-architecture model built from a config (rand
 - `reference`: the same Trainer with the micro-batch loss taken through the model's logits [B, T, V] and
   `ludic_fast.reference.CISPOLoss` (how Ludic master computes it);
 - `trl`: stock TRL GRPOTrainer (`loss_type="cispo"`): `compute_loss` on the same sequences (prompt / completion
-  split, the behaviour logprobs as `old_per_token_logps`), backward, the same clipping and AdamW step.
+  split, the behaviour logprobs as `old_per_token_logps`), backward, the same clipping and AdamW step, on the same
+  model object (so the same attention implementation, `--attn`, and the same weights' dtype; with
+  `--dtype mixed-bf16` TRL gets `bf16=True`, its own switch for that recipe). TRL 1.16 computes the per-token
+  logprobs with its own chunked LM head (no [B, T, V] logits); its AdamW is torch's default there
+  (multi-tensor on CUDA), as a user who sets nothing gets;
+- `trl+liger`: the same with `GRPOConfig(use_liger_kernel=True)`, which in TRL 1.16 patches Liger-Kernel's
+  body kernels (RMSNorm, SwiGLU, RoPE) into the model — the like of `ours-*+kernels` (CUDA only).
 
 Each path runs in its own process (its own peak memory: the CUDA allocator's peak, or peak RSS on CPU), one
-micro-batch per step, one warm-up step, then `--steps` timed steps (CUDA-synchronised). For the Trainer paths the
+micro-batch per step, one warm-up step, then `--steps` timed steps (CUDA-synchronised). `--find-max` doubles
+the sequences per step until a path fails (out of memory), then bisects between the last fit and the first
+failure to within an eighth of the fit, each attempt in its own process. For the Trainer paths the
 table also shows `Trainer.memory_estimate` (the estimate `ludic-fast train` prints; the reference path's is
 that of the fused head it replaces), to compare with the measured peak on a GPU.
 
@@ -35,11 +43,12 @@ import sys
 import time
 
 import torch
+from torch.profiler import record_function
 
 from ludic_fast.benchmark.worker import RESULT_PREFIX, PeakMemory
 from ludic_fast.run.atomic_io import atomic_write_text
 
-PATHS = ("ours-padded", "ours-packed", "ours-padded+kernels", "ours-packed+kernels", "reference", "trl")
+PATHS = ("ours-padded", "ours-packed", "ours-padded+kernels", "ours-packed+kernels", "reference", "trl", "trl+liger")
 SHAPES = {
     "small": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 4, "tie_word_embeddings": False},
@@ -51,8 +60,8 @@ SHAPES = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "mixed-bf16": torch.float32}
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The arguments that choose the model, the batch and the paths (shared with bench/trainer_profile.py)."""
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--shape", choices=sorted(SHAPES), help="default: small on CPU, qwen0.5b on CUDA")
     p.add_argument("--vocab", type=int, default=151936)
@@ -69,10 +78,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {', '.join(PATHS)}")
+    return p
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = run_arguments(argparse.ArgumentParser(description=__doc__,
+                                              formatter_class=argparse.RawDescriptionHelpFormatter))
     p.add_argument("--find-max", action="store_true",
-                   help="also double --seqs per path until it runs out of memory (CUDA); report the largest fit")
+                   help="also double --seqs per path until it runs out of memory (CUDA), then bisect; report the "
+                   "largest fit")
     p.add_argument("--find-max-seconds", type=float, default=240.0,
-                   help="--find-max stops doubling once this many seconds were spent on it, shared out among the "
+                   help="--find-max stops once this many seconds were spent on it, shared out among the "
                    "paths (default 240)")
     p.add_argument("--json", help="write the rows to this JSON file too (after every child)")
     p.add_argument("--markdown", help="write the table to this file too (after every child)")
@@ -166,10 +182,10 @@ def _ours_step(args: argparse.Namespace, path: str):
     cls = ReferencePathTrainer if path == "reference" else Trainer
     trainer = cls(model=_build_model(args), algo=make_cispo(group_size=2), batch_source=_FixedSource(_items(args)),
                   cfg=cfg)
-    return trainer.train_step_sync, trainer.memory_estimate.total
+    return trainer.train_step_sync, trainer.memory_estimate.total, trainer.model
 
 
-def _trl_step(args: argparse.Namespace):
+def _trl_step(args: argparse.Namespace, liger: bool = False):
     import tempfile
 
     from datasets import Dataset
@@ -187,7 +203,7 @@ def _trl_step(args: argparse.Namespace):
                 output_dir=out, per_device_train_batch_size=len(items), num_generations=len(items),
                 max_completion_length=args.seq_len, report_to=[], use_cpu=args.device == "cpu",
                 bf16=args.dtype == "mixed-bf16",
-                save_strategy="no", loss_type="cispo", beta=0.0,
+                save_strategy="no", loss_type="cispo", beta=0.0, use_liger_kernel=liger,
             ),
             train_dataset=Dataset.from_list([{"prompt": "1+1="}] * len(items)),
             processing_class=build_char_tokenizer(),
@@ -198,14 +214,18 @@ def _trl_step(args: argparse.Namespace):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01)
 
-    def step() -> None:
-        loss = trainer.compute_loss(model, inputs)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def step() -> None:  # the engine's phase labels (ludic_fast.engine.trainer), for bench/trainer_profile.py
+        with record_function("step/forward_loss"):
+            loss = trainer.compute_loss(model, inputs)
+        with record_function("step/backward"):
+            loss.backward()
+        with record_function("step/clip"):
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+        with record_function("step/optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
-    return step, None
+    return step, None, model
 
 
 def _trl_inputs(items: list, device: str) -> dict:
@@ -235,11 +255,29 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def build_step(args: argparse.Namespace, path: str):
+    """(step(), the Trainer's memory estimate or None, the model) of one path, built in this process."""
+    return _trl_step(args, liger=path == "trl+liger") if path.startswith("trl") else _ours_step(args, path)
+
+
+def skip_reason(args: argparse.Namespace, path: str) -> str | None:
+    """Why `path` cannot run here (None: it can)."""
+    import importlib.util
+
+    if path.endswith(("+kernels", "+liger")) and args.device != "cuda":
+        return "CUDA only (Liger-Kernel's kernels)"
+    if path.startswith("trl") and importlib.util.find_spec("trl") is None:
+        return "trl is not installed"
+    if path.endswith(("+kernels", "+liger")) and importlib.util.find_spec("liger_kernel") is None:
+        return "liger-kernel is not installed"
+    return None
+
+
 def run_path(args: argparse.Namespace, path: str) -> dict:
     """Build, warm up and time one path in this process; peak memory over the warm-up and timed steps."""
     torch.set_num_threads(args.threads)
     memory = PeakMemory(args.device)
-    step, estimate = _trl_step(args) if path == "trl" else _ours_step(args, path)
+    step, estimate, _ = build_step(args, path)
     memory.reset()
     step()  # warm-up (AdamW allocates its states here)
     times = []
@@ -258,13 +296,9 @@ def run_path(args: argparse.Namespace, path: str) -> dict:
 def _child(args: argparse.Namespace, path: str, seqs: int | None = None) -> dict:
     """Run one path in a fresh process; {"skipped": reason} when it cannot run here or runs out of memory, and
     {"skipped": "failed: ...", "failed": True} when it fails otherwise (the run goes on with the next path)."""
-    if path.endswith("+kernels") and args.device != "cuda":
-        return {"path": path, "skipped": "CUDA only (Liger-Kernel's kernels)"}
-    if path == "trl":
-        import importlib.util
-
-        if importlib.util.find_spec("trl") is None:
-            return {"path": path, "skipped": "trl is not installed"}
+    reason = skip_reason(args, path)
+    if reason is not None:
+        return {"path": path, "skipped": reason}
     argv = [*sys.argv[1:]] if args.argv is None else list(args.argv)
     argv = [a for a in argv if a != "--find-max"]
     if seqs is not None:
@@ -283,17 +317,21 @@ def _child(args: argparse.Namespace, path: str, seqs: int | None = None) -> dict
 
 
 def _largest_fit(args: argparse.Namespace, path: str, first: dict, deadline: float) -> str | None:
-    """Double the sequences per step from --seqs until the path runs out of memory (or fails), or the
-    --find-max-seconds deadline (time.monotonic) passes: the largest that ran, '>= n' when cut by the deadline."""
+    """Double the sequences per step from --seqs until the path runs out of memory (or fails), then bisect
+    between the last fit and the first failure until they are within an eighth of the fit; stop at the
+    --find-max-seconds deadline (time.monotonic): the largest that ran, '>= n' when cut by the deadline."""
     if "skipped" in first:
         return None
-    seqs = args.seqs
-    while True:
+    fit, fail = args.seqs, None
+    while fail is None or fail - fit > max(1, fit // 8):
         if time.monotonic() >= deadline:
-            return f">= {seqs} (time cap)"
-        if "skipped" in _child(args, path, seqs * 2):
-            return str(seqs)
-        seqs *= 2
+            return f">= {fit} (time cap)"
+        trial = fit * 2 if fail is None else (fit + fail) // 2
+        if "skipped" in _child(args, path, trial):
+            fail = trial
+        else:
+            fit = trial
+    return str(fit)
 
 
 def table(args: argparse.Namespace, rows: list[dict]) -> str:

@@ -50,12 +50,13 @@ def test_tiny_cpu_run_has_a_row_per_path(capsys, tmp_path):
         cells = [c.strip() for c in rows[path].split("|")[2:-1]]
         assert float(cells[0]) > 0 and float(cells[2]) > 0 and float(cells[3]) > 0, rows[path]
     assert "CUDA only" in rows["ours-padded+kernels"] and "CUDA only" in rows["ours-packed+kernels"]
+    assert "CUDA only" in rows["trl+liger"]
     assert rows["reference"].split("|")[7].strip() == "1.00"
     assert float(rows["ours-packed"].split("|")[6]) >= 0 and rows["trl"].split("|")[6].strip() == "-"
     saved = {r["path"]: r for r in json.loads((tmp_path / "rows.json").read_text())["rows"]}
     assert saved["ours-packed"]["estimate_bytes"] > 0 and saved["trl"]["estimate_bytes"] is None
     progress = [line for line in err.splitlines() if line.startswith("[e2e] ")]
-    assert len(progress) == 6 and progress[0].startswith("[e2e] ours-padded: median step ")
+    assert len(progress) == 7 and progress[0].startswith("[e2e] ours-padded: median step ")
 
 
 def test_rows_are_saved_after_every_path(tmp_path, monkeypatch):
@@ -120,3 +121,35 @@ def test_find_max_stops_at_its_time_cap(tmp_path, monkeypatch):
     # end = 0 + 100; ours-padded: share (100 - 10) / 2 = 45 from 20 -> tries at 30, 40, 50, 60 (4, 8, 16, 32),
     # stops at 70; reference: share (100 - 80) / 1 = 20 from 90 -> tries at 100 (4), stops at 110
     assert [r["max_seqs"] for r in rows] == [">= 32 (time cap)", ">= 4 (time cap)"]
+
+
+def test_find_max_doubles_then_bisects(tmp_path, monkeypatch):
+    """A path that fits 37 sequences per step: doubling from 2 fits 32 and fails at 64; bisecting tries 48
+    (fails), 40 (fails), 36 (fits) and stops, 36 and 40 being within an eighth of 36 (36 // 8 = 4)."""
+    import subprocess
+
+    bench = _bench()
+    tried = []
+
+    def run(cmd, **kw):
+        seqs = int(cmd[len(cmd) - 1 - cmd[::-1].index("--seqs") + 1])
+        tried.append(seqs)
+        if seqs > 37:
+            return subprocess.CompletedProcess(cmd, 1, "", "torch.OutOfMemoryError: CUDA out of memory")
+        row = {"path": "ours-packed", "median_s": 0.5, "min_s": 0.4, "tokens": 8, "tokens_per_s": 16.0,
+               "peak_bytes": 2**30, "estimate_bytes": None}
+        return subprocess.CompletedProcess(cmd, 0, bench.RESULT_PREFIX + json.dumps(row) + "\n", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    argv = ["--paths", "ours-packed", "--seqs", "2", "--find-max", "--json", str(tmp_path / "rows.json")]
+    assert bench.main(argv) == 0
+    assert tried == [2, 4, 8, 16, 32, 64, 48, 40, 36]
+    assert json.loads((tmp_path / "rows.json").read_text())["rows"][0]["max_seqs"] == "36"
+
+
+def test_trl_liger_and_kernel_paths_need_cuda():
+    bench = _bench()
+    args = bench.resolve(bench._parser().parse_args(["--paths", "trl+liger"]))
+    assert bench.skip_reason(args, "trl+liger") == "CUDA only (Liger-Kernel's kernels)"
+    assert bench.skip_reason(args, "ours-packed+kernels") == "CUDA only (Liger-Kernel's kernels)"
+    assert bench.skip_reason(args, "ours-packed") is None
