@@ -1,8 +1,9 @@
 """The engine step's host reads (each a host-device synchronisation on CUDA) and the exactness of its speed
 changes: one host read in the step's own code (`engine.step_parts.read_step_values`), counted on the CPU by
 `engine.host_syncs.HostReads`; AdamW multi-tensor (fused on CUDA), clipping multi-tensor, the stats read in that
-one transfer — the parameters after a step and the logged values equal, bit for bit, those of torch's
-per-parameter AdamW and clipping with the stats read as before."""
+one transfer — the parameters after a step and the logged values equal, bit for bit, those of torch's AdamW
+(fused) and per-parameter clipping with the stats read as before; the fused AdamW equals torch's per-parameter
+loop to rounding."""
 
 from __future__ import annotations
 
@@ -71,10 +72,10 @@ def test_the_counter_sees_every_kind_of_read():
 
 
 def _old_step(trainer: Trainer) -> tuple[dict, int]:
-    """The step as the engine took it before: per-parameter AdamW and clipping (torch's defaults off CUDA),
-    `bool()` / `float()` reads of the loss, the norm and the stats. Returns (logged values, micro-batches)."""
+    """The step as the engine took it before, with the fused AdamW: per-parameter clipping (torch's default off
+    CUDA), `bool()` / `float()` reads of the loss, the norm and the stats. Returns (logged values, micro-batches)."""
     opt = torch.optim.AdamW(trainer.params, lr=trainer.cfg.lr, weight_decay=trainer.cfg.weight_decay,
-                            betas=tuple(trainer.cfg.betas), eps=trainer.cfg.eps, foreach=False)
+                            betas=tuple(trainer.cfg.betas), eps=trainer.cfg.eps, fused=True)
     saw = asyncio.run(trainer.objective.next_batch(trainer))
     micros = trainer.objective.micro_batches(trainer, saw)
     total, micro_stats, sizes, _ = trainer._backward(micros)
@@ -120,21 +121,29 @@ def test_grad_norm_and_clip_equal_torch_clip():
             assert float(norm) > 1.0 and not torch.equal(params[0].grad, grads[0])  # it did clip
 
 
-def test_make_adamw_is_multi_tensor_off_cuda_and_equals_the_loop():
+def test_make_adamw_is_fused_and_equals_the_loop_to_rounding():
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5))]
+    params = [torch.nn.Parameter(torch.randn(64, 48)), torch.nn.Parameter(torch.randn(300))]
     loop = [torch.nn.Parameter(p.detach().clone()) for p in params]
     opt = make_adamw(params, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
     ref = torch.optim.AdamW(loop, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, foreach=False)
-    assert opt.defaults["foreach"] is True and not opt.defaults["fused"]
-    for _ in range(3):
+    assert opt.defaults["fused"] is True
+    for _ in range(5):
         for p, q in zip(params, loop):
             g = torch.randn(p.shape)
             p.grad, q.grad = g.clone(), g.clone()
         opt.step()
         ref.step()
     for p, q in zip(params, loop):
-        assert torch.equal(p, q)
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_make_adamw_leaves_dtensor_like_parameters_to_torch():
+    class Sub(torch.Tensor):
+        pass
+
+    p = torch.nn.Parameter(torch.randn(3).as_subclass(Sub))
+    assert not make_adamw([p], lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8).defaults["fused"]
 
 
 def test_read_step_values_reads_everything_once():

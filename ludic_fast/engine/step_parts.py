@@ -1,10 +1,11 @@
 """The engine step's device-side parts that decide its speed on a GPU: the AdamW implementation, the gradient
 norm and clipping, and the one host read of the step's values.
 
-- `make_adamw`: torch's AdamW, `fused=True` when every parameter is a plain floating tensor on CUDA (one kernel
-  launch per dtype group instead of a dozen multi-tensor launches), `foreach=True` otherwise (torch's default
-  is the per-parameter loop off CUDA); the same update, `m <- b1 m + (1 - b1) g`, `v <- b2 v + (1 - b2) g^2`,
-  `p <- p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)`.
+- `make_adamw`: torch's AdamW, `fused=True` when every parameter is a plain floating tensor on the CPU or a
+  CUDA device (one kernel per dtype group instead of a dozen multi-tensor launches on CUDA, a vectorised
+  pass on the CPU, where torch's default is the per-parameter loop), torch's default otherwise (DTensor
+  parameters); the update `m <- b1 m + (1 - b1) g`, `v <- b2 v + (1 - b2) g^2`,
+  `p <- p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)`, the same to rounding (fp32 arithmetic in one pass).
 - `grad_norm_and_clip`: the total 2-norm of the gradients, `||g||`, and `g <- g min(1, c / (||g|| + 1e-6))`
   with multi-tensor kernels; without a bound (c = None) only the norm (torch's clip would multiply every
   gradient by 1).
@@ -24,12 +25,12 @@ from torch import Tensor, nn
 
 def make_adamw(params: Sequence[Tensor], *, lr: float, weight_decay: float, betas: tuple[float, float],
                eps: float) -> torch.optim.AdamW:
-    """AdamW over `params`, fused on CUDA where torch supports it, multi-tensor otherwise (module docstring)."""
+    """AdamW over `params`, fused where torch has the kernel for every parameter (module docstring)."""
     fused = bool(params) and all(
-        type(p) in (Tensor, nn.Parameter) and p.is_cuda and p.is_floating_point() for p in params
+        type(p) in (Tensor, nn.Parameter) and p.device.type in ("cpu", "cuda") and p.is_floating_point()
+        for p in params
     )
-    kind = {"fused": True} if fused else {"foreach": True}
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, **kind)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, fused=fused or None)
 
 
 def grad_norm_and_clip(params: Sequence[Tensor], max_norm: float | None) -> Tensor:
