@@ -9,8 +9,9 @@ grad clipping, AdamW — on a Llama-architecture model built from a config (rand
   split, the behaviour logprobs as `old_per_token_logps`), backward, the same clipping and AdamW step, on the same
   model object (so the same attention implementation, `--attn`, and the same weights' dtype; with
   `--dtype mixed-bf16` TRL gets `bf16=True`, its own switch for that recipe). TRL 1.16 computes the per-token
-  logprobs with its own chunked LM head (no [B, T, V] logits); its AdamW is torch's default there
-  (multi-tensor on CUDA), as a user who sets nothing gets;
+  logprobs with its own chunked LM head (no [B, T, V] logits); its optimizer is the one its trainer makes
+  (`create_optimizer`: `GRPOConfig.optim`'s default, torch's fused AdamW, lr 1e-5 and weight decay 0.01 as
+  ours), as a user who sets nothing gets;
 - `trl+liger`: the same with `GRPOConfig(use_liger_kernel=True)`, which in TRL 1.16 patches Liger-Kernel's
   body kernels (RMSNorm, SwiGLU, RoPE) into the model — the like of `ours-*+kernels` (CUDA only).
 
@@ -204,6 +205,7 @@ def _trl_step(args: argparse.Namespace, liger: bool = False):
                 max_completion_length=args.seq_len, report_to=[], use_cpu=args.device == "cpu",
                 bf16=args.dtype == "mixed-bf16",
                 save_strategy="no", loss_type="cispo", beta=0.0, use_liger_kernel=liger,
+                learning_rate=1e-5, weight_decay=0.01,
             ),
             train_dataset=Dataset.from_list([{"prompt": "1+1="}] * len(items)),
             processing_class=build_char_tokenizer(),
@@ -212,7 +214,7 @@ def _trl_step(args: argparse.Namespace, liger: bool = False):
     model = trainer.model.train()
     inputs = _trl_inputs(items, args.device)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01)
+    optimizer = trainer.create_optimizer()  # its own default: GRPOConfig.optim, adamw_torch_fused
 
     def step() -> None:  # the engine's phase labels (ludic_fast.engine.trainer), for bench/trainer_profile.py
         with record_function("step/forward_loss"):

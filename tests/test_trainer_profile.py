@@ -1,0 +1,80 @@
+"""bench/trainer_profile.py: a tiny CPU run of ours-packed and TRL writes the phase table and one record per run
+(phases a path's step has no label for shown as '–'), the host reads named; the phase arithmetic by hand; the
+--seconds budget (a run over its share is cut, the runs before it are kept)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "trainer_profile.py"
+
+
+def _bench():
+    sys.path.insert(0, str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("trainer_profile", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TINY = ["--vocab", "256", "--hidden", "32", "--layers", "1", "--seqs", "4", "--seq-len", "24", "--steps", "1",
+        "--threads", "1"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl")
+def test_tiny_cpu_profile(tmp_path):
+    bench = _bench()
+    assert bench.main([*TINY, "--paths", "ours-packed,trl", "--out", str(tmp_path)]) == 0
+    records = [json.loads(line) for line in (tmp_path / "profile.jsonl").read_text().splitlines()]
+    assert [r["path"] for r in records] == ["ours-packed", "trl"]
+    ours, trl = (bench.phase_rows(r) for r in records)
+    for phase in ("collation / host", "body forward", "head + loss", "backward", "clip", "host read", "optimizer",
+                  "stats / logging"):
+        assert ours[phase] > 0, phase
+    assert trl["collation / host"] is None and trl["host read"] is None and trl["stats / logging"] is None
+    assert trl["body forward"] > 0 and trl["head + loss"] > 0 and trl["optimizer"] > 0
+    engine_reads = [w for w in records[0]["host_reads"]["where"] if "ludic_fast/engine/" in w]
+    assert engine_reads == [next(w for w in engine_reads if "read_step_values" in w)]
+    table = (tmp_path / "profile.md").read_text()
+    assert "| collation / host | " in table and " – |" in table and "## trl" in table
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.jsonl", "profile.md"]
+
+
+def test_phase_rows_by_hand():
+    bench = _bench()
+    record = {"profiled_step_s": 0.1, "host_ms": {"step/collate": 5.0, "step/forward_loss": 40.0,
+                                                  "step/body_forward": 30.0, "step/backward": 35.0}}
+    rows = bench.phase_rows(record)
+    assert rows["head + loss"] == 10.0 and rows["body forward"] == 30.0 and rows["clip"] is None
+    assert rows["other"] == pytest.approx(100.0 - 5.0 - 40.0 - 35.0)
+    record["host_ms"]["step/head_loss"] = 9.0
+    assert bench.phase_rows(record)["head + loss"] == 9.0
+
+
+def test_seconds_budget_cuts_a_run_and_keeps_the_others(tmp_path, monkeypatch):
+    """Two paths in 10 s: the first (share 5 s) finishes, the second overruns its share and is reported cut;
+    the first one's record is in the files."""
+    bench = _bench()
+    record = {"path": "ours-packed", "steps": 1, "step_s": 0.5, "profiled_step_s": 0.6, "tokens": 8,
+              "host_ms": {"step/backward": 1.0}, "device_ms": {}, "device_busy_ms": None, "top": [],
+              "host_reads": {"kind": "host read (CPU)", "count": 1, "where": {"x": 1}}}
+    shares = []
+
+    def run(cmd, timeout, **kw):
+        shares.append(timeout)
+        if "ours-padded" in cmd:
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        return subprocess.CompletedProcess(cmd, 0, bench.RESULT_PREFIX + json.dumps(record) + "\n", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    assert bench.main(["--paths", "ours-packed,ours-padded", "--seconds", "10", "--out", str(tmp_path)]) == 0
+    saved = [json.loads(line) for line in (tmp_path / "profile.jsonl").read_text().splitlines()]
+    assert saved[0]["step_s"] == 0.5 and saved[1]["skipped"].startswith("cut by --seconds")
+    assert shares[0] == pytest.approx(5.0, abs=0.5) and shares[1] <= 10.0
+    assert "ours-padded: cut by --seconds" in (tmp_path / "profile.md").read_text()
