@@ -4,10 +4,14 @@ and path builders): a phase table, the top ops, and every host read / host-devic
     python bench/trainer_profile.py --hidden 256 --layers 6 --vocab 4099 --out bench/results/profile-cpu
     python bench/trainer_profile.py --device cuda --seconds 120 --out bench/results/gpu/profile
 
-Each path runs in its own process (`--runs` times): one warm-up step, `--steps` steps timed without the
-profiler (the median is the step time), `--steps` steps under `torch.profiler`, then one step under the host
-read counter. Phases are the `record_function` labels the engine's step carries (`ludic_fast.engine.trainer`;
-the TRL path's step in trainer_e2e carries the same ones), per step, host time (the CPU span of the label):
+Each path runs `--runs` times, one after the other in this process (the imports and the kernels' compilation
+paid once, so more paths fit a GPU's time budget), or each in its own process with `--isolate`: one warm-up step,
+`--steps` steps timed without the profiler (the median is the step time), `--steps` steps under
+`torch.profiler`, then one step under the host read counter. A path that fails (out of memory, an error) is
+reported as such and the next one runs.
+
+Phases are the `record_function` labels the engine's step carries (`ludic_fast.engine.trainer`; the TRL path's
+step in trainer_e2e carries the same ones), per step, host time (the CPU span of the label):
 
 - collation / host: `step/collate` (ours: split, collate, copy to the device; TRL: none, its inputs are
   built once outside the step, as its generation step would hand them over);
@@ -27,14 +31,16 @@ under `torch.cuda.set_sync_debug_mode("warn")`; on the CPU every read of a tenso
 Writes `profile.md` (every path's phase table, host reads and top ops) and `profile.jsonl` (one record per run)
 into `--out`, rewritten the moment each run ends (a cut loses no finished run). `--seconds` bounds the whole
 script: each run gets the time left shared among the runs left, steps are cut to fit it, a run over it is
-stopped and reported as cut.
+stopped (an alarm in this process, a kill with `--isolate`) and reported as cut.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -64,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(paths=",".join(DEFAULT_PATHS))
     p.add_argument("--out", required=True, help="folder for profile.md and profile.jsonl")
     p.add_argument("--seconds", type=float, default=120.0, help="the whole script's time budget (default 120)")
-    p.add_argument("--runs", type=int, default=1, help="processes per path (the table shows median and range)")
+    p.add_argument("--runs", type=int, default=1, help="runs per path (the table shows median and range)")
+    p.add_argument("--isolate", action="store_true", help="each run in its own process")
     p.add_argument("--run", choices=trainer_e2e.PATHS, help=argparse.SUPPRESS)  # one path in this process
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)  # time.time() the child must end by
     return p
@@ -102,14 +109,15 @@ def _timed(step, device: str, n: int) -> list[float]:
     return times
 
 
-def profile_path(args: argparse.Namespace, path: str) -> dict:
-    """Build, warm up, time, profile and count the host reads of one path in this process."""
+def profile_path(args: argparse.Namespace, path: str, deadline: float | None = None) -> dict:
+    """Build, warm up, time, profile and count the host reads of one path in this process; steps cut so that
+    it ends by `deadline` (time.time())."""
     torch.set_num_threads(args.threads)
     step, _, model = trainer_e2e.build_step(args, path)
     if path == "reference" or path.startswith("trl"):
         _label_body(model)
     warm = _timed(step, args.device, 1)[0]
-    left = (args.deadline - time.time()) if args.deadline else float("inf")
+    left = (deadline - time.time()) if deadline else float("inf")
     steps = max(1, min(args.steps, int((left / max(warm, 1e-6) - 2) / 2.5)))  # timed + profiled (+ overhead)
     times = _timed(step, args.device, steps)
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -124,7 +132,7 @@ def profile_path(args: argparse.Namespace, path: str) -> dict:
     _sync(args.device)
     tokens = sum(len(it.input_ids) for it in trainer_e2e._items(args))
     return {"path": path, "steps": steps, "step_s": statistics.median(times), "profiled_step_s":
-            statistics.median(profiled), "tokens": tokens, **_phases(prof, steps, args.device == "cuda"),
+            statistics.mean(profiled), "tokens": tokens, **_phases(prof, steps, args.device == "cuda"),
             "top": _top(prof, steps, args.device == "cuda"),
             "host_reads": {"kind": "cuda sync" if args.device == "cuda" else "host read (CPU)",
                            "count": len(reads), "where": reads.where()}}
@@ -224,6 +232,7 @@ def _child(args: argparse.Namespace, argv: list[str], path: str, seconds: float)
     if reason is not None:
         return {"path": path, "skipped": reason}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    argv = [a for a in argv if a != "--isolate"]
     cmd = [sys.executable, __file__, *argv, "--run", path, "--deadline", str(time.time() + seconds)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=max(seconds, 1.0))
@@ -238,13 +247,45 @@ def _child(args: argparse.Namespace, argv: list[str], path: str, seconds: float)
     return json.loads(line[len(RESULT_PREFIX):])
 
 
+class _Cut(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Cut
+
+
+def _in_process(args: argparse.Namespace, path: str, seconds: float) -> dict:
+    """One run of `path` in this process, stopped by an alarm after `seconds`."""
+    reason = trainer_e2e.skip_reason(args, path)
+    if reason is not None:
+        return {"path": path, "skipped": reason}
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        return profile_path(args, path, deadline=time.time() + seconds)
+    except _Cut:
+        return {"path": path, "skipped": f"cut by --seconds after {seconds:.0f} s"}
+    except Exception as exc:  # noqa: BLE001 (out of memory or a failure: reported, the next path runs)
+        oom = isinstance(exc, torch.OutOfMemoryError)
+        print(f"[profile] {path} failed: {exc!r}"[:2000], file=sys.stderr, flush=True)
+        return {"path": path, "skipped": "out of memory" if oom else f"failed: {type(exc).__name__}: {exc}"[:200],
+                "failed": not oom}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = trainer_e2e.resolve(_parser().parse_args(argv))
     if args.runs < 1 or args.steps < 1 or args.seconds <= 0:
         raise SystemExit("--runs and --steps must be >= 1, --seconds > 0")
     if args.run:
-        print(RESULT_PREFIX + json.dumps(profile_path(args, args.run)), flush=True)
+        print(RESULT_PREFIX + json.dumps(profile_path(args, args.run, args.deadline)), flush=True)
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -253,8 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict] = []
     for i, path in enumerate(todo):
         share = (end - time.monotonic()) / (len(todo) - i)
-        record = (_child(args, argv, path, share) if share > 1.0
-                  else {"path": path, "skipped": "no time left (--seconds)"})
+        if share <= 1.0:
+            record = {"path": path, "skipped": "no time left (--seconds)"}
+        else:
+            record = _child(args, argv, path, share) if args.isolate else _in_process(args, path, share)
         records.append(record)
         atomic_write_text(str(out / "profile.jsonl"), "".join(json.dumps(r) + "\n" for r in records))
         atomic_write_text(str(out / "profile.md"), markdown(args, records))

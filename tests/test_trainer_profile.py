@@ -57,9 +57,9 @@ def test_phase_rows_by_hand():
     assert bench.phase_rows(record)["head + loss"] == 9.0
 
 
-def test_seconds_budget_cuts_a_run_and_keeps_the_others(tmp_path, monkeypatch):
-    """Two paths in 10 s: the first (share 5 s) finishes, the second overruns its share and is reported cut;
-    the first one's record is in the files."""
+def test_seconds_budget_cuts_an_isolated_run_and_keeps_the_others(tmp_path, monkeypatch):
+    """--isolate, two paths in 10 s: the first (share 5 s) finishes, the second overruns its share and is
+    reported cut; the first one's record is in the files."""
     bench = _bench()
     record = {"path": "ours-packed", "steps": 1, "step_s": 0.5, "profiled_step_s": 0.6, "tokens": 8,
               "host_ms": {"step/backward": 1.0}, "device_ms": {}, "device_busy_ms": None, "top": [],
@@ -73,8 +73,38 @@ def test_seconds_budget_cuts_a_run_and_keeps_the_others(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(cmd, 0, bench.RESULT_PREFIX + json.dumps(record) + "\n", "")
 
     monkeypatch.setattr(bench.subprocess, "run", run)
-    assert bench.main(["--paths", "ours-packed,ours-padded", "--seconds", "10", "--out", str(tmp_path)]) == 0
+    argv = ["--paths", "ours-packed,ours-padded", "--seconds", "10", "--isolate", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
     saved = [json.loads(line) for line in (tmp_path / "profile.jsonl").read_text().splitlines()]
     assert saved[0]["step_s"] == 0.5 and saved[1]["skipped"].startswith("cut by --seconds")
     assert shares[0] == pytest.approx(5.0, abs=0.5) and shares[1] <= 10.0
     assert "ours-padded: cut by --seconds" in (tmp_path / "profile.md").read_text()
+
+
+def test_seconds_budget_stops_a_run_in_process(tmp_path, monkeypatch):
+    """In this process, a run over its share is stopped by the alarm; a failing run is reported as failed; the
+    run after both still runs."""
+    import time
+
+    bench = _bench()
+    calls = []
+
+    def profile_path(args, path, deadline=None):
+        calls.append(path)
+        if path == "ours-packed":
+            time.sleep(30)
+        if path == "reference":
+            raise ValueError("boom")
+        return {"path": path, "steps": 1, "step_s": 0.5, "profiled_step_s": 0.6, "tokens": 8, "host_ms": {},
+                "device_ms": {}, "device_busy_ms": None, "top": [],
+                "host_reads": {"kind": "host read (CPU)", "count": 0, "where": {}}}
+
+    monkeypatch.setattr(bench, "profile_path", profile_path)
+    t0 = time.monotonic()
+    argv = ["--paths", "ours-packed,reference,ours-padded", "--seconds", "6", "--out", str(tmp_path)]
+    assert bench.main(argv) == 1
+    assert time.monotonic() - t0 < 10
+    saved = [json.loads(line) for line in (tmp_path / "profile.jsonl").read_text().splitlines()]
+    assert saved[0]["skipped"] == "cut by --seconds after 2 s"
+    assert saved[1]["skipped"] == "failed: ValueError: boom" and saved[1]["failed"]
+    assert saved[2]["step_s"] == 0.5 and calls == ["ours-packed", "reference", "ours-padded"]
