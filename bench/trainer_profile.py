@@ -150,18 +150,28 @@ def _phases(prof, steps: int, cuda: bool) -> dict:
         on_device = evt.device_type != torch.autograd.DeviceType.CPU
         table = device if on_device else host
         table[evt.name] = table.get(evt.name, 0.0) + ms
-    busy = None
-    if cuda:
-        busy = sum(e.self_device_time_total for e in prof.key_averages() if not e.key.startswith("step/")) / 1e3 / steps
+    busy = sum(e.self_device_time_total for e in _device_events(prof)) / 1e3 / steps if cuda else None
     return {"host_ms": host, "device_ms": device, "device_busy_ms": busy}
 
 
-def _top(prof, steps: int, cuda: bool) -> list[dict]:
-    """The TOP ops (CUDA: kernels and ops by their own device time; CPU: ops by their own CPU time), per step."""
-    rows = [e for e in prof.key_averages() if not e.key.startswith(("step/", "ProfilerStep"))]
-    key = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
-    rows.sort(key=key, reverse=True)
-    return [{"op": e.key[:90], "calls": e.count / steps, "ms": key(e) / 1e3 / steps} for e in rows[:TOP]]
+def _device_events(prof) -> list:
+    """The device's own events (kernels, copies, memsets), as torch's profiler table totals them."""
+    return [e for e in prof.key_averages()
+            if e.device_type != torch.autograd.DeviceType.CPU and not e.is_user_annotation]
+
+
+def _top(prof, steps: int, cuda: bool) -> dict[str, list[dict]]:
+    """Per step: the TOP host ops by their own CPU time and, on CUDA, the TOP device events by their time."""
+    host = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CPU
+            and not e.key.startswith(("step/", "ProfilerStep"))]
+    host.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    out = {"host": [{"op": e.key[:90], "calls": e.count / steps, "ms": e.self_cpu_time_total / 1e3 / steps}
+                    for e in host[:TOP]]}
+    if cuda:
+        device = sorted(_device_events(prof), key=lambda e: e.self_device_time_total, reverse=True)
+        out["device"] = [{"op": e.key[:90], "calls": e.count / steps, "ms": e.self_device_time_total / 1e3 / steps}
+                         for e in device[:TOP]]
+    return out
 
 
 # --------------------------------------------------------------------------------------------- the table
@@ -221,8 +231,10 @@ def markdown(args: argparse.Namespace, records: list[dict]) -> str:
         if last["device_ms"]:
             lines += ["", "device span per label (ms per step): " + ", ".join(
                 f"{k} {v:.2f}" for k, v in sorted(last["device_ms"].items()))]
-        lines += ["", "| top op | calls / step | ms / step |", "|---|---|---|"]
-        lines += [f"| `{t['op']}` | {t['calls']:.0f} | {t['ms']:.2f} |" for t in last["top"]]
+        for where in ("device", "host"):
+            if where in last["top"]:
+                lines += ["", f"| top {where} op (own time) | calls / step | ms / step |", "|---|---|---|"]
+                lines += [f"| `{t['op']}` | {t['calls']:.0f} | {t['ms']:.2f} |" for t in last["top"][where]]
     return "\n".join(lines) + "\n"
 
 

@@ -62,7 +62,7 @@ def test_seconds_budget_cuts_an_isolated_run_and_keeps_the_others(tmp_path, monk
     reported cut; the first one's record is in the files."""
     bench = _bench()
     record = {"path": "ours-packed", "steps": 1, "step_s": 0.5, "profiled_step_s": 0.6, "tokens": 8,
-              "host_ms": {"step/backward": 1.0}, "device_ms": {}, "device_busy_ms": None, "top": [],
+              "host_ms": {"step/backward": 1.0}, "device_ms": {}, "device_busy_ms": None, "top": {},
               "host_reads": {"kind": "host read (CPU)", "count": 1, "where": {"x": 1}}}
     shares = []
 
@@ -96,7 +96,7 @@ def test_seconds_budget_stops_a_run_in_process(tmp_path, monkeypatch):
         if path == "reference":
             raise ValueError("boom")
         return {"path": path, "steps": 1, "step_s": 0.5, "profiled_step_s": 0.6, "tokens": 8, "host_ms": {},
-                "device_ms": {}, "device_busy_ms": None, "top": [],
+                "device_ms": {}, "device_busy_ms": None, "top": {},
                 "host_reads": {"kind": "host read (CPU)", "count": 0, "where": {}}}
 
     monkeypatch.setattr(bench, "profile_path", profile_path)
