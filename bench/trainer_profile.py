@@ -17,7 +17,9 @@ step in trainer_e2e carries the same ones), per step, host time (the CPU span of
   built once outside the step, as its generation step would hand them over);
 - body forward: `step/body_forward` (ours: the engine's label; reference and TRL: a label put around the
   decoder's forward by this script); head + loss: the rest of `step/forward_loss` (the engine labels it
-  `step/head_loss`; for TRL it is its chunked LM head, the logprobs and the CISPO loss);
+  `step/head_loss`; for TRL it is its chunked LM head, the logprobs and the CISPO loss); forward, rest (ours
+  only): `step/forward_loss` less those two (the model's inputs: the packed path's attention inputs, e.g. a
+  flex BlockMask built for the step's sequence bounds);
 - backward `step/backward`, clip `step/clip`, host read `step/host_read` (ours: the step's one host sync),
   optimizer `step/optimizer` (AdamW, schedule, zero_grad), stats `step/stats` (stats, logging);
 - other: the profiled step's wall time less the phases (the fetch of the batch, Python between phases).
@@ -185,6 +187,7 @@ def phase_rows(record: dict) -> dict[str, float | None]:
     head = host.get("step/head_loss")
     forward = host.get("step/forward_loss")
     out["head + loss"] = head if head is not None else None if forward is None else forward - (out["body forward"] or 0)
+    out["forward, rest"] = None if head is None or forward is None else forward - head - (out["body forward"] or 0)
     top_level = ("step/collate", "step/forward_loss", "step/backward", "step/clip", "step/host_read",
                  "step/optimizer", "step/stats")
     out["other"] = record["profiled_step_s"] * 1e3 - sum(host.get(label, 0.0) for label in top_level)
@@ -211,7 +214,7 @@ def markdown(args: argparse.Namespace, records: list[dict]) -> str:
     if ran:
         lines += ["| phase | " + " | ".join(ran) + " |", "|---" * (len(ran) + 1) + "|"]
         rows = {p: [phase_rows(r) for r in done[p]] for p in ran}
-        for name in [n for n, _ in PHASES] + ["other"]:
+        for name in [n for n, _ in PHASES] + ["forward, rest", "other"]:
             lines.append(f"| {name} | " + " | ".join(_spread([r[name] for r in rows[p]]) for p in ran) + " |")
         for label, key, scale in (("step, profiled", "profiled_step_s", 1e3), ("step, unprofiled", "step_s", 1e3)):
             lines.append(f"| **{label}** | " + " | ".join(_spread([r[key] * scale for r in done[p]]) for p in ran)

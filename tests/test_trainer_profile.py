@@ -53,8 +53,9 @@ def test_phase_rows_by_hand():
     rows = bench.phase_rows(record)
     assert rows["head + loss"] == 10.0 and rows["body forward"] == 30.0 and rows["clip"] is None
     assert rows["other"] == pytest.approx(100.0 - 5.0 - 40.0 - 35.0)
+    assert rows["forward, rest"] is None
     record["host_ms"]["step/head_loss"] = 9.0
-    assert bench.phase_rows(record)["head + loss"] == 9.0
+    assert bench.phase_rows(record)["head + loss"] == 9.0 and bench.phase_rows(record)["forward, rest"] == 1.0
 
 
 def test_seconds_budget_cuts_an_isolated_run_and_keeps_the_others(tmp_path, monkeypatch):
