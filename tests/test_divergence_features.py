@@ -384,11 +384,24 @@ def test_large_vocabulary_sums_keep_fp32_precision(kind):
     assert ((out.double() - ref).abs() / ref).max() <= 1e-5
 
 
-def test_reference_keeps_the_inputs_device_with_a_scalar_temperature():
-    """The float64 twin builds its temperature on the inputs' device (a GPU run met a CPU temperature beside CUDA
-    logits); the meta device stands for any device other than the CPU."""
+def _meta_teachers():
+    idx, lp = torch.zeros(3, 2, dtype=torch.long, device="meta"), torch.zeros(3, 2, device="meta")
+    h, W = torch.randn(3, 4, device="meta"), torch.randn(7, 4, device="meta")
+    return {"head": dict(h_teacher=h, W_teacher=W), "probs": dict(teacher_probs=torch.rand(3, 7, device="meta")),
+            "topk": dict(teacher_topk=(idx, lp)), "topk-bucket": dict(teacher_topk=(idx, lp), teacher_tail="bucket")}
+
+
+@pytest.mark.parametrize("targets", [True, False], ids=["targets", "no-targets"])
+@pytest.mark.parametrize("teacher", ["head", "probs", "topk", "topk-bucket"])
+def test_reference_keeps_the_inputs_device(teacher, targets):
+    """The float64 twin builds every tensor of its own (the scalar temperature, the top-k teacher's -inf
+    row, the token weights when no targets are given) on the inputs' device: a GPU run met a CPU tensor
+    beside CUDA logits, first with the temperature, then in test_probability_and_topk_teachers with the top-k
+    teacher's row. The meta device stands for any device other than the CPU."""
     h = torch.randn(3, 4, device="meta")
     W = torch.randn(7, 4, device="meta")
-    out = R.linear_divergence(h, W, h, W, torch.zeros(3, dtype=torch.long, device="meta"), temperature=0.7,
-                              reduction="none")
-    assert out.device.type == "meta" and out.shape == (3,)
+    tgt = torch.zeros(3, dtype=torch.long, device="meta") if targets else None
+    for opts in (dict(reduction="none"), dict(reduction="mean", hard_weight=0.5 if targets else 0.0)):
+        out = R.linear_divergence(h, W, targets=tgt, temperature=0.7, kind="jsd", **_meta_teachers()[teacher],
+                                  **opts)
+        assert out.device.type == "meta" and out.shape == ((3,) if opts["reduction"] == "none" else ())

@@ -99,7 +99,7 @@ def linear_divergence(
         if teacher_probs is not None:
             zt = teacher_probs.detach()[..., :V].to(dt).log() / temp[..., None]
         elif teacher_topk is not None:
-            lp = torch.full((*lead, V), float("-inf"), dtype=dt)
+            lp = torch.full((*lead, V), float("-inf"), dtype=dt, device=h_student.device)
             zt = lp.scatter(-1, teacher_topk[0].long(), teacher_topk[1].detach().to(dt)) / temp[..., None]
         else:
             raw_t = h_teacher.detach().to(dt) @ W_teacher.detach()[:V].to(dt).T
@@ -108,7 +108,7 @@ def linear_divergence(
             zt = _transform(raw_t, logit_scale, softcap, temp)
         t = torch.log_softmax(zt, -1)
     d = _divergence(kind, beta, s_div, t).clamp(min=0.0)
-    valid = torch.ones(d.shape, dtype=dt)
+    valid = torch.ones(d.shape, dtype=dt, device=d.device)
     if targets is not None:
         valid = (targets != ignore_index).to(dt)
         if hard_weight > 0:
