@@ -1,8 +1,15 @@
 """The trainer's GPU paths on the test's device: packed == padded gradients on every attention implementation
 available there (sdpa / eager: block-diagonal mask, `packed_attention="mask"`; per-sequence SDPA,
 `packed_attention="sdpa_varlen"`; CUDA: flex attention, flash-attention-2 when installed, and the automatic move
-of an sdpa model to one of them),
-Liger's body kernels against the unfused body (CUDA), and bf16 mixed precision against fp32."""
+of an sdpa model to one of them), Liger's body kernels against the unfused body (CUDA), and bf16 mixed precision
+against fp32.
+
+Packed vs padded is judged against the rounding of the padded path itself (`_packed_noise`): the packed-vs-padded
+gradient distance at most K = 2 times the padded gradients' distance to a float64 eager reference on the same
+device; a failure states both distances, the one of packed to the reference and the worst parameter. (The former
+fixed tolerance, max |Δ| / max |g| <= 1.5e-2 per parameter in bf16, is at the bf16 noise floor: on the CPU the
+padded bf16 gradients of this model are 2.2e-2 to 3.8e-2 from float64 by that measure, per-sequence SDPA's packed
+ones 1.6e-2 from padded.)"""
 
 from __future__ import annotations
 
@@ -11,13 +18,10 @@ import importlib.util
 
 import pytest
 import torch
-from _gpu import CUDA_ONLY, DEVICES, GRAD_TOL, on
-from _trainer_fixtures import ListSource, make_items
+from _gpu import CUDA_ONLY, DEVICES, on
+from _packed_noise import assert_within_noise, float64_reference, layout_grads
+from _trainer_fixtures import make_items
 from test_packed_attention import _model
-
-from ludic_fast.algorithm import make_cispo
-from ludic_fast.data.types import SAWBatch
-from ludic_fast.trainer import Trainer, TrainerConfig
 
 FLASH = importlib.util.find_spec("flash_attn") is not None
 ATTENTION = [
@@ -31,12 +35,9 @@ ATTENTION = [
 ]
 
 
-def _grads(model, items, device: str, **cfg) -> dict[str, torch.Tensor]:
-    trainer = Trainer(model=model, algo=make_cispo(group_size=1), batch_source=ListSource([items]),
-                      cfg=TrainerConfig(model_device=device, pad_token_id=0, sync_every_steps=0, max_seq_len=16,
-                                        micro_token_budget=48, **cfg))
-    trainer.accumulate_gradients(SAWBatch(items=list(items)))
-    return {n: p.grad.float() for n, p in trainer.model.named_parameters()}
+def _reference(model, items, device: str) -> dict[str, torch.Tensor]:
+    """Gradients of the padded layout in float64 on eager attention, on `device`."""
+    return layout_grads(float64_reference(model), items, device, layout="padded", body_kernels=False)
 
 
 def _close(got: dict, want: dict, tol: float) -> None:
@@ -53,9 +54,10 @@ def test_packed_equals_padded(device, attn):
     items = make_items(8, seed=7)
     how = "auto" if attn in ("auto", "flex_attention", "flash_attention_2") else "mask"
     how = "sdpa_varlen" if attn == "sdpa_varlen" else how
-    grads = {layout: _grads(copy.deepcopy(model), items, device, layout=layout, body_kernels=False,
-                            packed_attention=how) for layout in ("padded", "packed")}
-    _close(grads["packed"], grads["padded"], GRAD_TOL[dtype])
+    grads = {layout: layout_grads(copy.deepcopy(model), items, device, layout=layout, body_kernels=False,
+                                  packed_attention=how) for layout in ("padded", "packed")}
+    ref = _reference(model, items, device)
+    assert_within_noise(grads["packed"], grads["padded"], ref, f"{device} {attn} ({how}) {dtype}")
 
 
 @pytest.mark.parametrize(("device", "attn"), [on("cpu", "sdpa", id="cpu-sdpa"), on("cuda", "sdpa", id="cuda-sdpa"),
@@ -66,9 +68,11 @@ def test_packed_equals_padded_under_bf16_mixed_precision(device, attn):
     model = _model("qwen2", attn).to(device)
     items = make_items(8, seed=10)
     how = "auto" if attn == "flash_attention_2" else "mask"
-    grads = {layout: _grads(copy.deepcopy(model), items, device, layout=layout, body_kernels=False,
-                            mixed_precision_dtype="bf16", packed_attention=how) for layout in ("padded", "packed")}
-    _close(grads["packed"], grads["padded"], GRAD_TOL[torch.bfloat16])
+    cfg = {"body_kernels": False, "mixed_precision_dtype": "bf16", "packed_attention": how}
+    grads = {layout: layout_grads(copy.deepcopy(model), items, device, layout=layout, **cfg)
+             for layout in ("padded", "packed")}
+    ref = _reference(model, items, device)
+    assert_within_noise(grads["packed"], grads["padded"], ref, f"{device} {attn} ({how}) bf16 autocast")
 
 
 @pytest.mark.parametrize("device", [on("cuda", id="cuda")])
@@ -77,8 +81,8 @@ def test_body_kernels_match_the_unfused_body(device):
     items = make_items(6, seed=8)
     for arch in ("llama", "qwen2"):
         model = _model(arch, "sdpa").to(device)
-        plain = _grads(copy.deepcopy(model), items, device, body_kernels=False)
-        fused = _grads(copy.deepcopy(model), items, device, body_kernels=True)
+        plain = layout_grads(copy.deepcopy(model), items, device, body_kernels=False)
+        fused = layout_grads(copy.deepcopy(model), items, device, body_kernels=True)
         _close(fused, plain, 1e-4)
 
 
@@ -86,8 +90,8 @@ def test_body_kernels_match_the_unfused_body(device):
 def test_bf16_mixed_precision_is_close_to_fp32(device):
     items = make_items(6, seed=9)
     model = _model("llama", "sdpa")
-    fp32 = _grads(copy.deepcopy(model), items, device, body_kernels=False)
-    bf16 = _grads(copy.deepcopy(model), items, device, body_kernels=False, mixed_precision_dtype="bf16")
+    fp32 = layout_grads(copy.deepcopy(model), items, device, body_kernels=False)
+    bf16 = layout_grads(copy.deepcopy(model), items, device, body_kernels=False, mixed_precision_dtype="bf16")
     num = sum(float((bf16[n] - g).norm() ** 2) for n, g in fp32.items()) ** 0.5
     den = sum(float(g.norm() ** 2) for g in fp32.values()) ** 0.5
     assert num / den < 5e-2

@@ -1,0 +1,85 @@
+"""Packed == padded in bf16 on every packed-attention path the CPU runs (the dense block-diagonal mask under
+sdpa and eager, per-sequence SDPA; flex attention forward only), with bf16 weights and with fp32 weights under
+bf16 autocast: the packed-vs-padded distance is at most K times the padded path's own distance to a float64
+reference (`_packed_noise`). The criterion catches a sequence attending its neighbour (planted by hand below)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _packed_noise import assert_within_noise, dist, float64_reference, layout_grads
+from _trainer_fixtures import make_items
+from test_packed_attention import _batches, _model
+
+from ludic_fast.integrations import packing
+from ludic_fast.integrations.transformers import final_hidden_states
+
+PATHS = [("sdpa", "mask"), ("eager", "mask"), ("sdpa", "sdpa_varlen")]
+PRECISIONS = ["bf16-weights", "bf16-autocast"]
+
+
+def _packed_and_padded(model, items, precision: str, path: str, **extra) -> dict[str, dict[str, torch.Tensor]]:
+    cfg = {"body_kernels": False, "packed_attention": path, **extra}
+    if precision == "bf16-autocast":
+        cfg["mixed_precision_dtype"] = "bf16"
+    weights = torch.bfloat16 if precision == "bf16-weights" else torch.float32
+    return {layout: layout_grads(copy.deepcopy(model).to(weights), items, "cpu", layout=layout, **cfg)
+            for layout in ("padded", "packed")}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize(("attn", "path"), PATHS, ids=[f"{a}-{p}" for a, p in PATHS])
+def test_packed_equals_padded_in_bf16(attn, path, precision):
+    items = make_items(8, seed=7)
+    model = _model("qwen2", attn)
+    ref = layout_grads(float64_reference(model), items, "cpu", layout="padded", body_kernels=False)
+    grads = _packed_and_padded(model, items, precision, path)
+    assert_within_noise(grads["packed"], grads["padded"], ref, f"qwen2 {attn} {path} {precision}")
+
+
+def _merge_first_two(model_inputs):
+    """A planted bug: sequences 0 and 1 of every packed micro-batch run as one (1 attends 0)."""
+
+    def leaky(self, batch):
+        cu = batch["cu_seqlens"]
+        return model_inputs(self, {**batch, "cu_seqlens": torch.cat([cu[:1], cu[2:]]) if cu.numel() > 2 else cu})
+
+    return leaky
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("path", ["mask", "sdpa_varlen"])
+def test_the_criterion_catches_a_sequence_attending_its_neighbour(monkeypatch, path, precision):
+    items = make_items(8, seed=7)
+    model = _model("qwen2", "sdpa")
+    ref = layout_grads(float64_reference(model), items, "cpu", layout="padded", body_kernels=False)
+    monkeypatch.setattr(packing.PackedAttention, "model_inputs",
+                        _merge_first_two(packing.PackedAttention.model_inputs))
+    grads = _packed_and_padded(model, items, precision, path, check_packing=False)  # the probe would refuse it
+    with pytest.raises(AssertionError, match="packed-vs-padded"):
+        assert_within_noise(grads["packed"], grads["padded"], ref, "planted leak")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_flex_attention_forward_in_bf16_equals_padded(arch):
+    """Flex attention has no backward on CPU: its packed forward (BlockMask) in bf16 against the padded bf16
+    forward under SDPA, hidden states of every real token, with the same criterion against float64 eager."""
+    torch._dynamo.reset()  # a recompile for a second shape hits an Inductor CPU codegen bug (dynamic shapes)
+    items = make_items(4, seed=5)
+    padded, packed = _batches(items)
+    model = _model(arch, "flex_attention").eval().to(torch.bfloat16)
+    sdpa = _model(arch, "sdpa").eval().to(torch.bfloat16)
+    sdpa.load_state_dict(model.state_dict())
+    ref = float64_reference(model).eval()
+    resolved = packing.resolve_packed_attention(model, device="cpu", training=False)
+    assert resolved.path == "flex"
+    real = padded["attention_mask"].bool()
+    pad_inputs = {"input_ids": padded["input_ids"], "attention_mask": padded["attention_mask"]}
+    with torch.no_grad():
+        h = {"packed": final_hidden_states(model, **resolved.model_inputs(packed))[0],
+             "padded": final_hidden_states(sdpa, **pad_inputs)[real],
+             "ref": final_hidden_states(ref, **pad_inputs)[real]}
+    assert dist({"h": h["padded"]}, {"h": h["ref"]}) > 0  # bf16 rounding is there to measure
+    assert_within_noise({"h": h["packed"]}, {"h": h["padded"]}, {"h": h["ref"]}, f"{arch} flex forward bf16")
