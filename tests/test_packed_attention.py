@@ -66,6 +66,29 @@ def test_document_ids():
     assert document_ids(cu, 8).tolist() == [0, 0, 0, 1, 2, 2, 2, 2]
 
 
+@pytest.mark.parametrize("lengths,block", [
+    ((5, 3, 8), 4), ((3, 0, 5, 9), 4), ((4, 4, 4), 4), ((17,), 4),
+    ((300, 1, 127, 129, 256, 40), 128), ((128, 128, 128), 128),
+])
+def test_block_mask_from_tiles_equals_create_block_mask(lengths, block):
+    """The flex BlockMask built from each tile's first / last document equals torch's create_block_mask of the
+    rule doc(q) == doc(k) and k <= q, field by field (partial and full tiles, both orientations)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from ludic_fast.integrations.packing import _block_mask
+
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    doc = document_ids(cu, sum(lengths))
+    got = _block_mask(doc, block)
+    want = create_block_mask(lambda b, h, q, k: (doc[q] == doc[k]) & (k <= q), None, None, doc.numel(),
+                             doc.numel(), device="cpu", BLOCK_SIZE=block)
+    for field in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                  "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    assert got.seq_lengths == want.seq_lengths
+    assert torch.equal(got.to_dense(), want.to_dense())
+
+
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize(
     "arch,path",

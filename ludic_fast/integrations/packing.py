@@ -16,8 +16,9 @@ which this module provides per attention implementation (`config._attn_implement
             run causally on each sequence of `cu_seq_lens_q/k`, Σ len² work, and an all-ones 2D mask (no dense
             mask is built, but for a sliding window that binds; it is ignored). Sliding windows are applied
             per sequence.
-- `flex`    `flex_attention`: a `BlockMask` of the rule above (torch.nn.attention.flex_attention); fully
-            masked tiles are skipped. PyTorch's flex attention has no backward on CPU.
+- `flex`    `flex_attention`: a `BlockMask` of the rule above (torch.nn.attention.flex_attention), built from
+            each 128-token tile's first and last document (O(total + tiles²), no total² mask); fully masked
+            tiles are skipped. PyTorch's flex attention has no backward on CPU.
 - `mask`    `eager` / `sdpa`: a dense `[1, 1, total, total]` mask of the rule above (bool for sdpa, additive
             0 / dtype-min for eager). O(total²) memory: 64 MiB (bool) at 8192 tokens.
 - `position_ids`  restarting positions only: for models whose own attention separates sequences by them.
@@ -148,14 +149,44 @@ def _dense_mask(doc: Tensor, dtype: torch.dtype | None) -> Tensor:
     return mask[None, None]
 
 
-def _block_mask(doc: Tensor) -> Any:
-    from torch.nn.attention.flex_attention import create_block_mask
+#: flex attention's default tile (torch.nn.attention.flex_attention._DEFAULT_SPARSE_BLOCK_SIZE)
+FLEX_BLOCK = 128
+
+
+def _ordered(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """A [nq, nk] bool block map as flex's (count, column indices: the set ones first, ascending), [1, 1, ...]."""
+    dense = blocks.to(torch.int32)
+    cols = torch.argsort(dense, dim=-1, descending=True, stable=True)
+    return dense.sum(-1, dtype=torch.int32)[None, None], cols.to(torch.int32)[None, None].contiguous()
+
+
+def _block_mask(doc: Tensor, block: int = FLEX_BLOCK) -> Any:
+    """The BlockMask of allowed(q, k) = doc(q) == doc(k) and k <= q, built from the documents of each tile's
+    first and last token in O(total + tiles²) work (torch's create_block_mask evaluates the rule at every one of
+    the total² pairs). With tiles of `block` tokens, qb / kb tile indices and docs contiguous ranges:
+    a tile pair kb < qb holds an allowed pair iff last_doc(kb) == first_doc(qb) (every key precedes every
+    query, so only the shared document can match), and is full iff both tiles hold that one document only
+    and are complete; a diagonal tile always holds allowed pairs (q attends itself) and never is full."""
+    from torch.nn.attention.flex_attention import BlockMask
 
     def document_causal(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
         return (doc[q] == doc[k]) & (k <= q)
 
     n = doc.numel()
-    return create_block_mask(document_causal, None, None, n, n, device=doc.device)
+    tiles = -(-n // block)
+    starts = torch.arange(tiles, device=doc.device) * block
+    ends = (starts + block).clamp(max=n)
+    first, last = doc[starts], doc[ends - 1]
+    complete = (ends - starts) == block
+    qb, kb = torch.arange(tiles, device=doc.device)[:, None], torch.arange(tiles, device=doc.device)[None, :]
+    below = kb < qb
+    partial_or_full = (below & (last[None, :] == first[:, None])) | (kb == qb)
+    one_doc = (first == last) & complete
+    full = below & one_doc[:, None] & one_doc[None, :] & (first[:, None] == first[None, :])
+    counts, cols = _ordered(partial_or_full & ~full)
+    full_counts, full_cols = _ordered(full)
+    return BlockMask.from_kv_blocks(counts, cols, full_counts, full_cols, BLOCK_SIZE=block,
+                                    mask_mod=document_causal, seq_lengths=(n, n))
 
 
 def auto_attention(model: nn.Module, device: torch.device | str, *, half: bool, max_seq_len: int | None = None
