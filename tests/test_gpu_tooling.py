@@ -7,6 +7,7 @@ none) and tools/gpu_requirements.py (never names torch or triton)."""
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import shutil
 import subprocess
@@ -122,9 +123,11 @@ def test_rehearsal_keeps_every_table_when_a_test_fails_and_a_case_hangs(tmp_path
                 TIME_SCALE="4")  # each stage's seconds x 4: on a busy 2-core machine every process starts slowly
     assert out.returncode == 1, out.stderr[-3000:]
     core = (res / "suite-core-verdict.md").read_text()
-    assert "NOT green" in core and "| core | 1 | 1 | 0 | 1 | 0 |" in core, core
+    assert "NOT green" in core and "| core | 1 | 1 | 0 | 1 | 0 | 0 | 0 | ran to its end |" in core, core
     assert "test_injected_failure" in core and "hung (core, over 3 s): `" in core and "test_injected_hang`" in core
-    assert "| experimental | 1 | 0 | 0 | 0 | 0 |" in (res / "suite-experimental-verdict.md").read_text()
+    assert "AssertionError: injected" in core
+    assert "| experimental | 1 | 0 | 0 | 0 | 0 | 0 | 0 | ran to its end |" in (
+        res / "suite-experimental-verdict.md").read_text()
     assert "Timeout (0:00:05)" in (res / "decisive-trl.log").read_text()
     table = (res / "decisive" / "results.md").read_text()
     assert "| ours-generic |" in table and "| gemm-fwd+bwd |" in table and "trl: no result (its log)" in table
@@ -244,3 +247,68 @@ def test_suite_groups_by_the_tests_name_and_id(tmp_path, group, kept):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     log = (tmp_path / f"suite-{group}.log").read_text()
     assert f"::{kept} PASSED" in log and "1 passed" in log, log[-2000:]
+
+
+CUT_TESTS = """
+import time
+
+import pytest
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(3))
+def test_quick(i):
+    pass
+
+
+@pytest.mark.gpu
+def test_planted_failure():
+    two = 2
+    assert two == 3, "planted: two is not three"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(40))
+def test_slow(i):
+    time.sleep(0.5)
+"""
+
+
+def _suite(tmp_path, *args, timeout_s=None):
+    (tmp_path / "test_cut.py").write_text(CUT_TESTS)
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_suite.py"), "--out", str(tmp_path / "out"), "--group", "core",
+           "--test-seconds", "60", "--tests", str(tmp_path / "test_cut.py"), *args]
+    if timeout_s is not None:
+        cmd = ["timeout", "--kill-after=5", str(timeout_s), *cmd]  # as bench/gpu_session.sh runs a stage
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    verdict = (tmp_path / "out" / "suite-core-verdict.md").read_text()
+    ran = [line for line in verdict.splitlines() if line.startswith(("- passed ", "- failed "))]
+    return run, verdict, ran
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout not installed")
+def test_verdict_survives_the_stages_outer_limit(tmp_path):
+    """The suite's own --seconds is far off; the outer `timeout` (SIGTERM to the process group) cuts it
+    mid-suite. The verdict written then names the planted failure with its message and traceback line, lists
+    every test that finished (as the jsonl has them) and the tests that never ran, and says it was cut."""
+    run, verdict, ran = _suite(tmp_path, "--seconds", "600", timeout_s=12)
+    assert run.returncode == 124, run.stdout[-2000:] + run.stderr[-2000:]
+    assert verdict.startswith("# GPU suite verdict: NOT green") and "cut: SIGTERM" in verdict, verdict
+    assert "### failed (core, call): `" in verdict and "AssertionError: planted: two is not three" in verdict
+    assert "assert two == 3" in verdict  # the traceback's lines
+    rows = [json.loads(line) for line in (tmp_path / "out" / "suite-core.jsonl").read_text().splitlines()]
+    finished = [r["finish"] for r in rows if "finish" in r]
+    assert 4 <= len(finished) < 43 and len(ran) == len(finished)  # cut mid-suite, every finished test listed
+    assert all(f"`{n}`" in line for n, line in zip(finished, ran))
+    assert f"| core | {len(finished) - 1} | 1 | 0 | 0 |" in verdict and "Not run (core, " in verdict
+    assert "test_slow[39]`" in verdict.split("Not run (core, ")[1]
+
+
+def test_suite_stops_starting_tests_before_its_seconds(tmp_path):
+    """Without an outer limit the suite ends itself: no test starts with under --reserve seconds left, the
+    verdict is written, the tests never started are listed."""
+    run, verdict, ran = _suite(tmp_path, "--seconds", "8", "--reserve", "2")
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "AssertionError: planted: two is not three" in verdict and "| time up |" in verdict, verdict
+    assert 4 <= len(ran) < 43 and "Not run (core, " in verdict and "- running when the suite was cut" not in verdict
