@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -312,3 +313,44 @@ def test_suite_stops_starting_tests_before_its_seconds(tmp_path):
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     assert "AssertionError: planted: two is not three" in verdict and "| time up |" in verdict, verdict
     assert 4 <= len(ran) < 43 and "Not run (core, " in verdict and "- running when the suite was cut" not in verdict
+
+
+def test_duplicates_left_out_run_a_plan_that_stays():
+    """The time-boxed session leaves out the head op's 'auto' cases on CUDA: at every shape of those tests
+    and on every GPU preset, 'auto' plans exactly what the strategy it picks plans when forced (same kernels,
+    same chunks), and that forced case stays in the suite. The pattern takes those cases and no other."""
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import test_gpu_head as head_tests
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "gpu"))
+        sys.path.remove(str(ROOT / "tests"))
+    from ludic_fast.ops.plan import PRESETS, plan_head
+
+    shapes = {(c.n, c.v, c.d, c.dtype) for c in head_tests.SIZES + head_tests.OPTIONS} | {(16384, 151936, 64, "bf16")}
+    for preset in ("h100", "h200", "a100"):
+        for n, v, d, dt in shapes:
+            auto = plan_head(n, d, v, dtype=head_tests.DTYPES[dt], mode="generic", device=PRESETS[preset])
+            assert auto.strategy in head_tests.STRATEGIES
+            forced = plan_head(n, d, v, dtype=head_tests.DTYPES[dt], mode="generic", device=PRESETS[preset],
+                               strategy=auto.strategy)
+            assert auto == forced, (preset, n, v, d, dt)
+    suite = _suite_module()
+    ids = [f"tests/gpu/test_gpu_head.py::test_head_matches_reference[cuda-{c.id}-{s}]"
+           for c in head_tests.SIZES + head_tests.OPTIONS for s in head_tests.STRATEGIES]
+    ids += [f"tests/gpu/test_gpu_head.py::test_more_than_2_to_the_31_logits[cuda-{s}]" for s in head_tests.STRATEGIES]
+    ids += ["tests/gpu/test_gpu_head.py::test_head_matches_reference[cpu-fp32-n1-v1021-d72-auto]",
+            "tests/interpret/test_head_kernels.py::test_head_matches_reference[fp32-v1021-n3-fused]"]
+    dropped = [i for i in ids if any(re.search(p, i) for p, _ in suite.DUPLICATES)]
+    assert dropped == [i for i in ids if i.startswith("tests/gpu/") and "[cuda-" in i and i.endswith("-auto]")]
+    assert len(dropped) == len(head_tests.SIZES + head_tests.OPTIONS) + 1
+
+
+def _suite_module():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_suite
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return gpu_suite
