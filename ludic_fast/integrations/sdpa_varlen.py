@@ -9,6 +9,8 @@ alone, so
 with PyTorch's `scaled_dot_product_attention`
 (https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html): Σ L_s²
 attention work instead of the total² of a dense block-diagonal mask, no mask memory, autograd on every device.
+On CUDA in half precision the sequences go to SDPA in one call, as a nested jagged tensor (PyTorch's
+varlen flash / memory-efficient kernels: one launch instead of one per sequence); elsewhere one call each.
 A sliding window w (the `sliding_window` keyword the model passes its attention function) keeps keys with
 `q - w < k <= q` inside each sequence, as transformers' masks do.
 
@@ -72,10 +74,26 @@ def _per_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
                          f"tokens, got query {tuple(query.shape)}, key {tuple(key.shape)} (no KV cache)")
     window = kwargs.get("sliding_window")
     groups = getattr(module, "num_key_value_groups", 1)
-    gqa = groups > 1 and window is None and use_gqa_in_sdpa(*(None, key, value)[:_GQA_ARITY])
-    if groups > 1 and not gqa:
+    nested = nested_applies(query, lengths, window)
+    gqa = groups > 1 and not nested and window is None and use_gqa_in_sdpa(*(None, key, value)[:_GQA_ARITY])
+    if groups > 1 and not gqa:  # jagged SDPA does not take enable_gqa
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    extra = {"enable_gqa": True} if gqa else {}
+    if nested:
+        return _nested(query, key, value, bounds, dropout, scaling)
+    return _loop(query, key, value, lengths, window, dropout, scaling, {"enable_gqa": True} if gqa else {})
+
+
+def nested_applies(query: Tensor, lengths: list[int], window: int | None) -> bool:
+    """Whether the row runs as one SDPA call over nested jagged tensors (`_nested`): on CUDA in half precision
+    (PyTorch's flash / memory-efficient varlen kernels; its math fallback refuses is_causal on jagged
+    tensors, so the CPU keeps the loop), without a sliding window or an empty sequence."""
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    return query.is_cuda and half and window is None and min(lengths) > 0
+
+
+def _loop(query: Tensor, key: Tensor, value: Tensor, lengths: list[int], window: int | None, dropout: float,
+          scaling: float | None, extra: dict[str, Any]) -> Tensor:
+    """One causal SDPA call per sequence (a sliding window as an explicit mask) -> [1, total, heads, d]."""
     outs = []
     for q, k, v in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2)):
         n = q.shape[2]
@@ -89,7 +107,25 @@ def _per_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
+def _nested(query: Tensor, key: Tensor, value: Tensor, bounds: list[int], dropout: float,
+            scaling: float | None) -> Tensor:
+    """One causal SDPA call over the row as nested jagged tensors `[S, heads, j, d]` with offsets `bounds`
+    (torch.nested.nested_tensor_from_jagged; causal per sequence) -> [1, total, heads, d]."""
+    offsets = torch.tensor(bounds, dtype=torch.int64).to(query.device, non_blocking=True)
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def jagged(x: Tensor) -> Tensor:
+        values = x[0].transpose(0, 1).contiguous()  # [total, heads, d]
+        nt = torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=min(lengths),
+                                                    max_seqlen=max(lengths))
+        return nt.transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(jagged(query), jagged(key), jagged(value), dropout_p=dropout,
+                                         scale=scaling, is_causal=True)
+    return out.transpose(1, 2).values()[None]
+
+
 AttentionInterface.register(SDPA_VARLEN, sdpa_varlen_attention_forward)
 AttentionMaskInterface.register(SDPA_VARLEN, sdpa_mask)
 
-__all__ = ["SDPA_VARLEN", "sdpa_varlen_attention_forward"]
+__all__ = ["SDPA_VARLEN", "sdpa_varlen_attention_forward", "nested_applies"]

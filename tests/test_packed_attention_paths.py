@@ -1,0 +1,107 @@
+"""The packed-attention kernels of bench/packed_attention.py (the library's dense mask, per-sequence SDPA loop,
+jagged SDPA, flex BlockMask; the padded batch) against float64 softmax attention of each sequence alone, on
+every path the CPU runs: fp32 outputs and dq / dk / dv within 1e-5 of it (GQA, a one-token sequence, a sequence
+longer than a flex tile); flex forward only (no CPU backward); the jagged path's layout (offsets, transposes)
+with the CUDA-only kernel replaced by per-sequence SDPA; and the bench's rows and refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ludic_fast.integrations import sdpa_varlen
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "packed_attention.py"
+LENGTHS = [5, 1, 140, 12]
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("packed_attention_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("packed_attention_bench", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _case(bench, dtype=torch.float32):
+    cu = [0, *torch.tensor(LENGTHS).cumsum(0).tolist()]
+    return cu, bench.inputs(LENGTHS, HEADS, KV_HEADS, HEAD_DIM, dtype, torch.device("cpu"), seed=3)
+
+
+CPU_PATHS = ["padded-causal", "padded-mask", "dense-mask", "sdpa-loop"]
+
+
+@pytest.mark.parametrize("path", CPU_PATHS)
+def test_path_equals_float64_attention(path):
+    bench = _bench()
+    assert bench.unavailable(path, torch.device("cpu"), torch.float32) is None
+    setup, run = bench.make_path(path, bench.Layer(HEADS, KV_HEADS))
+    cu, (q, k, v, grad) = _case(bench)
+    errors = bench.errors(run, setup(cu, torch.device("cpu")), q, k, v, grad, LENGTHS)
+    assert max(errors.values()) <= 1e-5, errors
+
+
+def test_flex_forward_equals_float64_attention():
+    torch._dynamo.reset()
+    bench = _bench()
+    setup, run = bench.make_path("flex", bench.Layer(HEADS, KV_HEADS))
+    cu, (q, k, v, _) = _case(bench)
+    with torch.no_grad():
+        out = run(q, k, v, setup(cu, torch.device("cpu")))
+    ref = bench.reference_attention(q, k, v, LENGTHS)
+    assert float((out.double() - ref).abs().max() / ref.abs().max()) <= 1e-5
+
+
+def _per_component_sdpa(q, k, v, dropout_p=0.0, scale=None, is_causal=False):
+    """Stand-in for the CUDA jagged kernel: causal SDPA of each component, returned as a jagged tensor."""
+    assert q.is_nested and is_causal
+    outs = [F.scaled_dot_product_attention(a, b, c, is_causal=True, scale=scale).transpose(0, 1)
+            for a, b, c in zip(q.unbind(), k.unbind(), v.unbind())]
+    return torch.nested.nested_tensor_from_jagged(torch.cat(outs), q.offsets()).transpose(1, 2)
+
+
+def test_jagged_path_layout_with_the_kernel_replaced(monkeypatch):
+    """`sdpa_varlen._nested` builds [S, heads, j, d] jagged q / k / v from the packed row and returns
+    [1, total, heads, d]; the kernel (CUDA only for causal jagged SDPA) is replaced by per-sequence SDPA."""
+    bench = _bench()
+    monkeypatch.setattr(sdpa_varlen, "F", types.SimpleNamespace(scaled_dot_product_attention=_per_component_sdpa))
+    cu, (q, k, v, _) = _case(bench)
+    groups = HEADS // KV_HEADS
+    out = sdpa_varlen._nested(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), cu, 0.0, None)
+    ref = bench.reference_attention(q, k, v, LENGTHS)
+    assert out.shape == (1, sum(LENGTHS), HEADS, HEAD_DIM)
+    assert float((out[0].double() - ref).abs().max() / ref.abs().max()) <= 1e-5
+
+
+def test_jagged_path_is_not_chosen_on_the_cpu():
+    q = torch.zeros(1, HEADS, 8, HEAD_DIM, dtype=torch.bfloat16)
+    assert not sdpa_varlen.nested_applies(q, [3, 5], None)
+
+
+def test_bench_rows_on_cpu(tmp_path):
+    bench = _bench()
+    out = tmp_path / "rows.jsonl"
+    rows = bench.main(["--seqs", "3", "--max-len", "24", "--heads", "4", "--kv-heads", "2", "--head-dim", "8",
+                       "--dtype", "fp32", "--seconds", "0.5", "--out", str(out)])
+    assert [r["path"] for r in rows] == list(bench.PATHS)
+    assert [json.loads(line)["path"] for line in out.read_text().splitlines()] == list(bench.PATHS)
+    for r in rows:
+        if r["path"] in CPU_PATHS:
+            assert r["fwd_bwd_ms"] > 0 and max(r["error"].values()) <= 1e-5, r
+        else:
+            assert "CUDA" in r["skipped"] or "CPU" in r["skipped"], r
+
+
+@pytest.mark.parametrize("argv", [["--paths", "dense-mask,nope"], ["--heads", "3", "--kv-heads", "2"],
+                                  ["--seconds", "0"], ["--seqs", "0"], ["--threads", "0"]])
+def test_bench_refuses_bad_arguments(argv):
+    with pytest.raises(SystemExit):
+        _bench().main(argv)
