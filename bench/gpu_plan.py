@@ -1,5 +1,5 @@
-"""The two calls of a GPU session (bench/gpu_session.sh): their stages in priority order, each stage's seconds,
-the benchmark cases of each bench stage, and the budget table that sizes them from the cost model.
+"""The calls of a GPU session (bench/gpu_session.sh): their stages in priority order, each stage's seconds,
+the benchmark cases of each bench stage, and the budget table that sizes them.
 
     python bench/gpu_plan.py budget                  # the budget table (Markdown)
     python bench/gpu_plan.py impls decisive          # a bench stage's implementations, in the order measured
@@ -7,18 +7,23 @@ the benchmark cases of each bench stage, and the budget table that sizes them fr
     python bench/gpu_plan.py args decisive trl --tiny  # the same at the rehearsal's tiny shapes, on the CPU
     python bench/gpu_plan.py merge DIR               # DIR/<impl>/results.json -> DIR/results.json, .md
     python bench/gpu_plan.py seconds run1            # "stage seconds" lines of a call, for the script
+    python bench/gpu_plan.py value e2e-paths         # a setting the script reads (e2e-paths, suite-prior)
 
 Each implementation of a bench stage runs in its own `ludic-fast bench` process (a hang, which ends that
 process at its per-case --timeout, costs only that implementation's remaining cases); `merge` joins their
 tables into the stage's.
 
-Bench-stage estimate = STAGE_START_S + IMPL_START_S per implementation + sum over cases of
-(CASE_OVERHEAD_S + runs x predicted seconds of one forward+backward), runs = warm-ups + timed runs + the error
-check. Predicted seconds: ours from `ludic_fast.ops.plan.plan_head` (H100 preset, default budget); TRL and Liger
-from their H100 measurements at that shape (2026-11-23) where there are some, else TRL 1.5x and Liger 10x the
-6NDV floor; the floor 6NDV / the preset's GEMM rate. STAGE_START_S, IMPL_START_S, CASE_OVERHEAD_S, SUITE_TEST_S
-and E2E_PATH_S are assumptions (process start, imports, Triton compiles, building each step), not measurements:
-the first GPU run replaces them. The script's look-ups (impls, args, seconds) import no torch.
+Calibrated from the H200 run of 6e98f8f (bench/results/gpu-runs/2026-11-28-h200, session-run1.log and
+session-run2.log): a suite test took 0.68 s (369 tests in 250 s, pytest's start included; the jsonl of that
+run has no per-test times, so one figure for every file); a trainer path of the end to end 35-45 s (40);
+a bench implementation's process ~18 s of start (imports, inputs, Triton compiles) plus ~3 s a case
+(ours-generic: 4 cases in 29 s at the anchor and N=512, 2 in 28 s at D=896); the stage's tables after its
+implementations ~12 s; setup 12-13 s. Bench-stage estimate = STAGE_START_S + IMPL_START_S per
+implementation + sum over cases of (CASE_OVERHEAD_S + runs x predicted seconds of one forward+backward), runs =
+warm-ups + timed runs + the error check. Predicted seconds: ours from `ludic_fast.ops.plan.plan_head` (H100
+preset, default budget); TRL and Liger from their H100 measurements at that shape (2026-11-23) where there are
+some, else TRL 1.5x and Liger 10x the 6NDV floor; the floor 6NDV / the preset's GEMM rate. The script's
+look-ups (impls, args, seconds, value) import no torch.
 """
 
 from __future__ import annotations
@@ -44,16 +49,27 @@ BENCH_STAGES = {
     "experimental": (("anchor",), ("head", "cispo"), ("ours-triton-fused-tma", "ours-fused-tl-dot-tma")),
     "shapes": (("qwen0.5b",), ("head", "cispo"), DECISIVE_IMPLS + ("ours-triton-fused", "ours-fused-tl-dot")),
 }
-#: call -> (its seconds, [(stage, seconds)] in the order run); each stage also stops when the call's time is up
+#: call -> (its seconds, [(stage, seconds)] in the order run); each stage also stops when the call's time is up.
+#: run1 + run2 fit one GPU loan of 15 minutes with the machine's start (~160 s at 6e98f8f: 840 s held for
+#: 678 s of calls); run3 only when device time is left after them, else first in the next session
 CALLS = {
-    "run1": (480, [("setup", 20), ("suite", 260), ("decisive", 120), ("experimental", 60)]),
-    "run2": (240, [("setup", 10), ("e2e", 145), ("shapes", 85)]),
+    "run1": (480, [("setup", 15), ("suite", 330), ("decisive", 135)]),
+    "run2": (230, [("setup", 15), ("e2e", 95), ("profile", 120)]),
+    "run3": (240, [("setup", 15), ("shapes", 155), ("experimental", 70)]),
 }
-#: gpu/interpret-marked tests (pytest --collect-only): all, and the experimental (TMA) ones among them
-SUITE_TESTS, SUITE_TMA_TESTS, SUITE_TEST_S, SUITE_TEST_LIMIT_S = 509, 13, 0.5, 60
-#: measured on the H200 (2026-11-27): a path's process start, model build, warm-up and 3 steps took 35-45 s
-E2E_PATHS, E2E_PATH_S, E2E_FIND_MAX_S = ("ours-packed", "reference", "trl"), 40.0, 25
-STAGE_START_S, IMPL_START_S, CASE_OVERHEAD_S, RUNS = 10.0, 8.0, 2.0, 2 + 5 + 1
+#: gpu/interpret-marked tests (pytest --collect-only): all, the experimental (TMA) ones among them, and the core
+#: ones the session leaves out as duplicates (gpu_suite.DUPLICATES); measured seconds a test on the H200
+SUITE_TESTS, SUITE_TMA_TESTS, SUITE_DUPLICATES, SUITE_TEST_S, SUITE_TEST_LIMIT_S = 512, 13, 50, 0.68, 60
+#: the suite's order: the tests that failed or never finished in this run go first
+SUITE_PRIOR = "bench/results/gpu-runs/2026-11-28-h200/run1/suite-core.jsonl"
+#: measured on the H200 (2026-11-27, 2026-11-28): a path's process start, model build, warm-up and 3 steps took
+#: 35-45 s; the race of the trainer issue: ours packed against stock TRL (the reference path was measured)
+E2E_PATHS, E2E_PATH_S = ("ours-packed", "trl"), 40.0
+STAGE_START_S, IMPL_START_S, CASE_OVERHEAD_S, RUNS = 12.0, 18.0, 3.0, 2 + 5 + 1
+#: what each stage took in the 6e98f8f run (bench/results/gpu-runs/2026-11-28-h200/run*/session-run*.log)
+MEASURED = {"setup": "13 / 12", "suite": "260 (cut: 369 of 496 tests)", "decisive": "144 (the floor cut)",
+            "e2e": "145 (cut: 3 paths, --find-max not reached)", "shapes": "104 (3 of 7 implementations)",
+            "experimental": "not run", "profile": "new"}
 TRL_MS = {("anchor", "head"): 62.7, ("qwen0.5b", "head"): 35.3, ("llama8b", "head"): 218.7, ("N=64", "head"): 7.5,
           ("N=512", "head"): 8.1, ("N=2048", "head"): 18.3, ("anchor", "cispo"): 62.8, ("qwen0.5b", "cispo"): 34.1,
           ("llama8b", "cispo"): 207.8}
@@ -108,31 +124,43 @@ def stage_estimate(stage: str) -> tuple[float, list[str]]:
     return total, notes
 
 
+def suite_tests() -> int:
+    """The core tests the session's suite runs: every gpu/interpret-marked test but the TMA ones and the
+    duplicates."""
+    return SUITE_TESTS - SUITE_TMA_TESTS - SUITE_DUPLICATES
+
+
+def stage_seconds(stage: str, given: int) -> str:
+    """The estimate column of a stage."""
+    if stage in BENCH_STAGES:
+        tma_tests = SUITE_TMA_TESTS * SUITE_TEST_S if stage == "experimental" else 0
+        return f"{stage_estimate(stage)[0] + tma_tests:.0f}"
+    if stage == "suite":
+        return f"{suite_tests() * SUITE_TEST_S:.0f}"
+    if stage == "e2e":
+        return f"{len(E2E_PATHS) * E2E_PATH_S:.0f}"
+    if stage == "profile":
+        return f"≤ {given - 10} (its --seconds)"
+    return "13"
+
+
 def budget_table() -> str:
-    out = ["| call | stage | seconds given | estimate s | what it yields |", "|---|---|---|---|---|"]
+    out = ["| call | stage | seconds given | estimate s | at 6e98f8f s | what it yields |", "|---|---|---|---|---|---|"]
     what = {
         "setup": "wheels and the project installed (--no-index), card / driver / versions in env.txt",
-        "suite": f"the GPU suite's verdict: {SUITE_TESTS - SUITE_TMA_TESTS} tests, each under {SUITE_TEST_LIMIT_S} "
-                 "s; a hang costs its limit",
+        "suite": f"the GPU suite's verdict: {suite_tests()} core tests ({SUITE_DUPLICATES} duplicates left out), "
+                 f"each under {SUITE_TEST_LIMIT_S} s, the last run's failed and unfinished ones first",
         "decisive": "head op + CISPO at the anchor and N=512: ours, TRL, the 6NDV floor",
         "experimental": f"the TMA variants: their {SUITE_TMA_TESTS} tests, then their bench cases at the anchor",
         "shapes": "head op + CISPO at Qwen2.5-0.5B's shape (D=896), with the tl.dot strategy forced: which wins there",
-        "e2e": f"trainer end to end (Qwen2.5-0.5B shape, 16 x 1024 tokens): {', '.join(E2E_PATHS)}; "
-               f"--find-max capped at {E2E_FIND_MAX_S} s",
+        "e2e": f"the trainer race (Qwen2.5-0.5B shape, 16 x 1024 tokens): {', '.join(E2E_PATHS)}",
+        "profile": "bench/trainer_profile.py: where a training step's time goes, per path (its default paths)",
     }
     for call, (seconds, stages) in CALLS.items():
         for stage, given in stages:
-            if stage in BENCH_STAGES:
-                tma_tests = STAGE_START_S + SUITE_TMA_TESTS * SUITE_TEST_S if stage == "experimental" else 0
-                est = f"{stage_estimate(stage)[0] + tma_tests:.0f}"
-            elif stage == "suite":
-                est = f"{STAGE_START_S + (SUITE_TESTS - SUITE_TMA_TESTS) * SUITE_TEST_S:.0f}"
-            elif stage == "e2e":
-                est = f"{len(E2E_PATHS) * E2E_PATH_S + E2E_FIND_MAX_S:.0f}"
-            else:
-                est = "–"
-            out.append(f"| {call} (≤ {seconds} s) | {stage} | {given} | {est} | {what[stage]} |")
-        out.append(f"| {call} | total | {sum(g for _, g in stages)} | | |")
+            out.append(f"| {call} (≤ {seconds} s) | {stage} | {given} | {stage_seconds(stage, given)} | "
+                       f"{MEASURED[stage]} | {what[stage]} |")
+        out.append(f"| {call} | total | {sum(g for _, g in stages)} | | | |")
     return "\n".join(out)
 
 
@@ -163,13 +191,19 @@ def merge(folder: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("budget", "impls", "args", "merge", "seconds"))
-    p.add_argument("name", nargs="?", help="the stage (impls, args), its folder (merge) or the call (seconds)")
+    p.add_argument("what", choices=("budget", "impls", "args", "merge", "seconds", "value"))
+    p.add_argument("name", nargs="?",
+                   help="the stage (impls, args), its folder (merge), the call (seconds) or the setting (value)")
     p.add_argument("impl", nargs="?", help="args: the implementation")
     p.add_argument("--tiny", action="store_true", help="args: the rehearsal's shapes, on the CPU")
     a = p.parse_args(argv)
     if a.what == "budget":
         print(budget_table())
+    elif a.what == "value":
+        values = {"e2e-paths": ",".join(E2E_PATHS), "suite-prior": SUITE_PRIOR}
+        if a.name not in values:
+            p.error(f"value needs one of {', '.join(values)}")
+        print(values[a.name])
     elif a.what == "merge":
         folder = Path(a.name or "")
         if folder.name not in BENCH_STAGES:

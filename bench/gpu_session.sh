@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# The GPU session in two calls on a machine with one CUDA GPU and no package registry (the peers travel as
+# The GPU session in calls on a machine with one CUDA GPU and no package registry (the peers travel as
 # wheels), rehearsed on the CPU. Plain bash and python: no make needed there.
 #
 #   bash bench/gpu_session.sh wheels     # HERE (a machine with PyPI): the peers' wheels into .whl/
-#   bash bench/gpu_session.sh run1       # THERE, call 1 (<= 480 s): GPU suite verdict, decisive numbers, TMA last
-#   bash bench/gpu_session.sh run2       # THERE, call 2 (<= 240 s): the trainer end to end, then two more shapes
-#   bash bench/gpu_session.sh rehearse   # HERE, on the CPU: run1 then run2 at tiny shapes (see below)
+#   bash bench/gpu_session.sh run1       # THERE, call 1 (<= 480 s): the whole core suite's verdict, decisive numbers
+#   bash bench/gpu_session.sh run2       # THERE, call 2 (<= 230 s): the trainer race, then its profile
+#   bash bench/gpu_session.sh run3       # THERE, only with device time left: D=896 shapes, then the TMA paths
+#   bash bench/gpu_session.sh rehearse   # HERE, on the CPU: run1, run2, run3 at tiny shapes (see below)
 #   bash bench/gpu_session.sh rehearse run1   # ... one call only
 #   STAGES="decisive" bash bench/gpu_session.sh run1   # only these stages of the call (a rerun), still in order
 #
 # Stages, their seconds and the bench cases of each come from bench/gpu_plan.py (its budget table sizes them
-# from the cost model). Each stage runs under `timeout` for its seconds or what is left of the call's, whichever
-# is less, and keeps what it measured when cut: the suite writes its verdict after each group, each bench
-# implementation its tables after every case, the trainer end to end its rows after every path. A stage that
-# would get under 15 s is skipped, and says so. A failing test is a line of the verdict; a hanging test or
-# bench case costs its own limit (TEST_SECONDS, CASE_SECONDS) and the stage goes on.
+# from the last GPU run's times). Each stage runs under `timeout` for its seconds or what is left of the call's,
+# whichever is less, and keeps what it measured when cut: the suite rewrites its verdict after every test (and
+# on SIGTERM) and stops itself 10 s inside the stage, each bench implementation writes its tables after every
+# case, the trainer end to end its rows after every path, the profile its tables after every run. A stage that
+# would get under 15 s is skipped, and says so. A failing test is a section of the verdict with its message and
+# traceback; a hanging test or bench case costs its own limit (TEST_SECONDS, CASE_SECONDS) and the stage goes on.
 # Everything lands in $RESULTS (default bench/results/gpu; the rehearsal: bench/results/gpu-rehearsal) and, at
 # most 8 files per call, flat in $OUT (default $RESULTS/out-CALL): session-CALL.log, results-CALL.tar.gz (the
 # whole folder so far, after every stage), the suite verdicts and the main tables.
@@ -46,16 +48,16 @@ case $1 in
         exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
             --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
             --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" "${PEER_WHEELS[@]}" ;;
-    run1 | run2) CALLS=("$1") TINY=0 ;;
+    run1 | run2 | run3) CALLS=("$1") TINY=0 ;;
     rehearse)
         CALLS=("${2:-run1}") TINY=1
-        [[ $# -eq 1 ]] && CALLS=(run1 run2)
-        if [[ ${CALLS[0]} != run1 && ${CALLS[0]} != run2 ]]; then
-            echo "unknown call '${CALLS[0]}' (run1 | run2)" >&2
+        [[ $# -eq 1 ]] && CALLS=(run1 run2 run3)
+        if [[ ! ${CALLS[0]} =~ ^run[123]$ ]]; then
+            echo "unknown call '${CALLS[0]}' (run1 | run2 | run3)" >&2
             exit 2
         fi ;;
     *)
-        echo "unknown command '$1' (wheels | run1 | run2 | rehearse)" >&2
+        echo "unknown command '$1' (wheels | run1 | run2 | run3 | rehearse)" >&2
         exit 2 ;;
 esac
 if ((TINY)); then
@@ -106,9 +108,13 @@ triton.__version__, 'gpu', torch.cuda.is_available())"
     } >"$RESULTS/env.txt" 2>&1
 }
 
-suite() {  # suite GROUP SECONDS
+suite() {  # suite GROUP SECONDS: the suite stops itself 10 s inside the stage's limit, verdict written
+    local prior=() dup=() prior_file
+    prior_file=$("$PY" bench/gpu_plan.py value suite-prior)
+    [[ $1 == core && -f $prior_file ]] && prior=(--prior "$prior_file")
+    [[ $1 == core ]] && dup=(--drop-duplicates)
     logged "suite-$1-run" "$2" "$PY" bench/gpu_suite.py --out "$RESULTS" --group "$1" --seconds "$(($2 - 10))" \
-        --test-seconds "$TEST_SECONDS"
+        --test-seconds "$TEST_SECONDS" "${prior[@]}" "${dup[@]}"
 }
 
 bench_stage() {  # bench_stage STAGE SECONDS: each implementation in its own process, then the stage's tables
@@ -127,23 +133,42 @@ bench_stage() {  # bench_stage STAGE SECONDS: each implementation in its own pro
             "${tiny[@]}") --timeout "$CASE_SECONDS" --out "$RESULTS/$stage/$impl" || rc=1
     done
     "$PY" bench/gpu_plan.py merge "$RESULTS/$stage" >>"$LOG" 2>&1 || rc=1
-    if [[ -f $RESULTS/$stage/results.json ]]; then  # our cases beside the cost model's predictions
-        "$PY" bench/plan_table.py --device "$( ((TINY)) && echo cpu || echo cuda)" --measured \
-            "$RESULTS/$stage/results.json" >"$RESULTS/$stage/vs-model.md" 2>>"$LOG" || rc=1
+    if [[ -f $RESULTS/$stage/results.json ]]; then
         cp "$RESULTS/$stage/results.md" "$OUT/$stage-results.md"
+        if ((end + 10 - SECONDS >= 20)); then  # our cases beside the cost model's predictions
+            "$PY" bench/plan_table.py --device "$( ((TINY)) && echo cpu || echo cuda)" --measured \
+                "$RESULTS/$stage/results.json" >"$RESULTS/$stage/vs-model.md" 2>>"$LOG" || rc=1
+        else
+            say "$stage: vs-model.md left for later (time): python bench/plan_table.py --device <card preset>" \
+                "--measured $RESULTS/$stage/results.json"
+        fi
     fi
     return "$rc"
 }
 
+tiny_trainer=(--device cpu --vocab 4099 --hidden 32 --layers 1 --seqs 2 --seq-len 24 --steps 1 --threads 1)
+
 stage_e2e() {
     local args=(--device cuda)
-    ((TINY)) && args=(--device cpu --vocab 4099 --hidden 32 --layers 1 --seqs 2 --seq-len 24 --steps 1 --threads 1)
-    logged e2e "$1" "$PY" bench/trainer_e2e.py "${args[@]}" --paths "$("$PY" -c "import sys; sys.path.insert(0, \
-'bench'); import gpu_plan; print(','.join(gpu_plan.E2E_PATHS))")" --find-max --find-max-seconds \
-        "$("$PY" -c "import sys; sys.path.insert(0, 'bench'); import gpu_plan; print(gpu_plan.E2E_FIND_MAX_S)")" \
+    ((TINY)) && args=("${tiny_trainer[@]}")
+    logged e2e "$1" "$PY" bench/trainer_e2e.py "${args[@]}" --paths "$("$PY" bench/gpu_plan.py value e2e-paths)" \
         --json "$RESULTS/trainer_e2e.json" --markdown "$RESULTS/trainer_e2e.md"
     local rc=$?
     [[ -f $RESULTS/trainer_e2e.md ]] && cp "$RESULTS/trainer_e2e.md" "$OUT/trainer_e2e.md"
+    return "$rc"
+}
+
+stage_profile() {  # the script bounds itself by --seconds; the stage's timeout is the backstop
+    if [[ ! -f bench/trainer_profile.py ]]; then
+        say "profile: skipped, bench/trainer_profile.py is not in this tree"
+        return 1
+    fi
+    local args=(--device cuda)
+    ((TINY)) && args=("${tiny_trainer[@]}")
+    rm -rf "${RESULTS:?}/profile"
+    logged profile "$1" "$PY" bench/trainer_profile.py "${args[@]}" --seconds "$(($1 - 10))" --out "$RESULTS/profile"
+    local rc=$?
+    [[ -f $RESULTS/profile/profile.md ]] && cp "$RESULTS/profile/profile.md" "$OUT/profile.md"
     return "$rc"
 }
 
@@ -162,6 +187,7 @@ run_stage() {  # run_stage NAME SECONDS
             bench_stage experimental "$(($2 - (SECONDS - start)))" || rc=1
             return "$rc" ;;
         e2e) stage_e2e "$2" ;;
+        profile) stage_profile "$2" ;;
         *) bench_stage "$1" "$2" ;;
     esac
 }

@@ -28,32 +28,52 @@ def _bash(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_session_script_checks_its_arguments_before_any_work(tmp_path):
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
-    for args in (("run3",), ("rehearse", "run9"), ("run1", "run2"), ()):
+    for args in (("run4",), ("rehearse", "run9"), ("run1", "run2"), ()):
         out = _bash(*args, RESULTS=str(tmp_path / "r"))
         assert out.returncode == 2 and not (tmp_path / "r").exists(), (args, out.stderr)
     assert "rehearse" in _bash().stdout
 
 
 def test_session_plan_fits_the_calls_and_orders_the_stages():
-    """Each call's stages fit its seconds (480, 240), in priority order: the suite's verdict and the decisive
-    numbers first, the experimental TMA paths last in the first call; the goals' implementations first in
-    every bench stage; the model's estimate of each bench stage within its seconds."""
+    """Each call's stages fit its seconds; run1 + run2 fit one 15-minute GPU loan with the machine's start
+    (~160 s); in priority order: the whole core suite's verdict and the decisive numbers in the first call,
+    the trainer race and profile in the second, the leftovers (shapes, TMA) in a third; the goals'
+    implementations first in every bench stage; each stage's estimate within its seconds (the suite's within
+    its own --seconds, the stage's less 10)."""
     plan = _plan()
-    for call, limit in (("run1", 480), ("run2", 240)):
+    for call, limit in (("run1", 480), ("run2", 230), ("run3", 240)):
         seconds, stages = plan.CALLS[call]
         assert seconds == limit and sum(s for _, s in stages) <= limit
-    assert [s for s, _ in plan.CALLS["run1"][1]] == ["setup", "suite", "decisive", "experimental"]
-    assert [s for s, _ in plan.CALLS["run2"][1]] == ["setup", "e2e", "shapes"]
+    assert plan.CALLS["run1"][0] + plan.CALLS["run2"][0] + 160 <= 900
+    assert [s for s, _ in plan.CALLS["run1"][1]] == ["setup", "suite", "decisive"]
+    assert [s for s, _ in plan.CALLS["run2"][1]] == ["setup", "e2e", "profile"]
+    assert [s for s, _ in plan.CALLS["run3"][1]] == ["setup", "shapes", "experimental"]
     given = {s: g for _, stages in plan.CALLS.values() for s, g in stages}
     for stage, (_, _, impls) in plan.BENCH_STAGES.items():
         if stage != "experimental":
             assert impls[:4] == ("ours-generic", "ours-fused", "trl", "gemm-fwd+bwd")
         assert plan.stage_estimate(stage)[0] <= given[stage]
+    assert plan.suite_tests() * plan.SUITE_TEST_S <= given["suite"] - 10
+    assert len(plan.E2E_PATHS) * plan.E2E_PATH_S <= given["e2e"] - 10
     assert set(plan.BENCH_STAGES["decisive"][0]) == {"anchor", "N=512"}
     assert all("tma" in impl for impl in plan.BENCH_STAGES["experimental"][2])
     args = plan.bench_args("decisive", "trl", tiny=False)
     assert args[:6] == ["--preset", "gpu", "--shapes", "8192x4096x151936,512x4096x151936", "--workloads",
                         "head,cispo"]
+
+
+def test_the_plans_suite_counts_are_the_collected_ones():
+    """SUITE_TESTS / SUITE_TMA_TESTS are what pytest collects of the GPU suite now (the budget table's test
+    count), SUITE_DUPLICATES what the session leaves out; the prior run's jsonl the suite orders by exists."""
+    plan, suite = _plan(), _suite_module()
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "-m", "gpu or interpret", *suite.TESTS], capture_output=True, text=True, cwd=ROOT,
+                         timeout=600)
+    ids = [line for line in run.stdout.splitlines() if "::" in line]
+    tma = [i for i in ids if "tma" in i.split("::")[-1].lower()]
+    dropped = [i for i in ids if any(re.search(p, i) for p, _ in suite.DUPLICATES)]
+    assert (len(ids), len(tma), len(dropped)) == (plan.SUITE_TESTS, plan.SUITE_TMA_TESTS, plan.SUITE_DUPLICATES)
+    assert (ROOT / plan.SUITE_PRIOR).is_file()
 
 
 def test_the_budget_table_in_the_docs_is_the_plans():
