@@ -12,6 +12,8 @@ Paths (q `[1, heads, total, d]`, k / v `[1, kv_heads, total, d]`, sequences at `
   sdpa-loop      `sdpa_varlen._loop`: one causal SDPA call per sequence (the CPU's and fp32's sdpa_varlen)
   sdpa-nested    `sdpa_varlen._nested`: one SDPA call over nested jagged tensors (CUDA, half precision)
   flex           transformers' flex_attention_forward (compiled flex) with `packing._block_mask` (no CPU backward)
+  flex-torch-mask  the same with torch's create_block_mask of the same rule (evaluated at all total² pairs): the
+                 setup the tile-built BlockMask replaces (its setup is timed on the CPU too)
   flash-varlen   flash_attn.flash_attn_varlen_func (when flash-attn is installed; CUDA, half precision)
 
 "setup" is the per-micro-batch work shared by every layer (masks, block masks, padding index), timed apart;
@@ -43,7 +45,8 @@ from torch import Tensor
 from ludic_fast.integrations import packing, sdpa_varlen
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-PATHS = ("padded-causal", "padded-mask", "dense-mask", "sdpa-loop", "sdpa-nested", "flex", "flash-varlen")
+PATHS = ("padded-causal", "padded-mask", "dense-mask", "sdpa-loop", "sdpa-nested", "flex", "flex-torch-mask",
+         "flash-varlen")
 
 
 class Layer(torch.nn.Module):
@@ -133,12 +136,16 @@ def _sdpa_nested(layer: Layer):
     return setup, run
 
 
-def _flex(layer: Layer):
+def _flex(layer: Layer, tiles: bool):
+    from torch.nn.attention.flex_attention import create_block_mask
     from transformers.integrations.flex_attention import flex_attention_forward
 
     def setup(cu: list[int], device: torch.device) -> dict[str, Any]:
-        cu_t = torch.tensor(cu, device=device)
-        return {"block_mask": packing._block_mask(packing.document_ids(cu_t, cu[-1]))}
+        doc = packing.document_ids(torch.tensor(cu, device=device), cu[-1])
+        if tiles:
+            return {"block_mask": packing._block_mask(doc)}
+        rule = lambda b, h, q, k: (doc[q] == doc[k]) & (k <= q)  # noqa: E731
+        return {"block_mask": create_block_mask(rule, None, None, cu[-1], cu[-1], device=device)}
 
     def run(q: Tensor, k: Tensor, v: Tensor, state: dict[str, Any]) -> Tensor:
         return flex_attention_forward(layer, q, k, v, state["block_mask"])[0][0]
@@ -166,7 +173,7 @@ def unavailable(path: str, device: torch.device, dtype: torch.dtype) -> str | No
     half = dtype in (torch.float16, torch.bfloat16)
     if path == "sdpa-nested" and not (device.type == "cuda" and half):
         return "jagged SDPA is causal only in the CUDA half-precision kernels"
-    if path == "flex" and device.type != "cuda":
+    if path.startswith("flex") and device.type != "cuda":
         return "flex attention has no backward on CPU"
     if path == "flash-varlen" and not (device.type == "cuda" and half):
         return "flash-attn: CUDA, half precision"
@@ -179,7 +186,8 @@ def make_path(path: str, layer: Layer) -> tuple[Callable, Callable]:
     """(setup(cu, device) -> state, run(q, k, v, state) -> out [total, heads, d]) of one path."""
     builders = {"padded-causal": lambda: _padded(False), "padded-mask": lambda: _padded(True),
                 "dense-mask": _dense_mask, "sdpa-loop": _sdpa_loop, "sdpa-nested": lambda: _sdpa_nested(layer),
-                "flex": lambda: _flex(layer), "flash-varlen": _flash_varlen}
+                "flex": lambda: _flex(layer, True), "flex-torch-mask": lambda: _flex(layer, False),
+                "flash-varlen": _flash_varlen}
     return builders[path]()
 
 
@@ -240,11 +248,14 @@ def measure(path: str, lengths: list[int], args: argparse.Namespace, device: tor
     row: dict[str, Any] = {"path": path, "device": device.type, "dtype": args.dtype, "seqs": len(lengths),
                            "total": sum(lengths), "longest": max(lengths)}
     reason = unavailable(path, device, dtype)
+    cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
     if reason is not None:
+        if path.startswith("flex"):  # the BlockMask builds on any device
+            setup, _ = make_path(path, Layer(args.heads, args.kv_heads))
+            row["setup_ms"] = statistics.median(timed(lambda: setup(cu, device), device, seconds))
         return {**row, "skipped": reason}
     layer = Layer(args.heads, args.kv_heads)
     setup, run = make_path(path, layer)
-    cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
     q, k, v, grad = inputs(lengths, args.heads, args.kv_heads, args.head_dim, dtype, device, args.seed)
     state = setup(cu, device)
     row["error"] = errors(run, state, q, k, v, grad, lengths)
@@ -266,7 +277,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     base = next((r["fwd_bwd_ms"] for r in rows if r["path"] == "sdpa-loop" and "fwd_bwd_ms" in r), None)
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['path']} | - | skipped: {r['skipped']} | - | - |")
+            setup = f"{r['setup_ms']:.3f}" if "setup_ms" in r else "-"
+            lines.append(f"| {r['path']} | {setup} | skipped: {r['skipped']} | - | - |")
             continue
         e = r["error"]
         ratio = f"{r['fwd_bwd_ms'] / base:.2f}" if base else "-"
