@@ -70,15 +70,20 @@ def _per_component_sdpa(q, k, v, dropout_p=0.0, scale=None, is_causal=False):
 
 def test_jagged_path_layout_with_the_kernel_replaced(monkeypatch):
     """`sdpa_varlen._nested` builds [S, heads, j, d] jagged q / k / v from the packed row and returns
-    [1, total, heads, d]; the kernel (CUDA only for causal jagged SDPA) is replaced by per-sequence SDPA."""
+    [1, total, heads, d], gradients flowing back to the row; the kernel (CUDA only for causal jagged SDPA) is
+    replaced by per-sequence SDPA."""
     bench = _bench()
     monkeypatch.setattr(sdpa_varlen, "F", types.SimpleNamespace(scaled_dot_product_attention=_per_component_sdpa))
-    cu, (q, k, v, _) = _case(bench)
+    cu, (q, k, v, grad) = _case(bench)
     groups = HEADS // KV_HEADS
-    out = sdpa_varlen._nested(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), cu, 0.0, None)
-    ref = bench.reference_attention(q, k, v, LENGTHS)
-    assert out.shape == (1, sum(LENGTHS), HEADS, HEAD_DIM)
-    assert float((out[0].double() - ref).abs().max() / ref.abs().max()) <= 1e-5
+
+    def run(q, k, v, state):
+        out = sdpa_varlen._nested(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), cu, 0.0, None)
+        assert out.shape == (1, sum(LENGTHS), HEADS, HEAD_DIM)
+        return out[0]
+
+    errors = bench.errors(run, {}, q, k, v, grad, LENGTHS)
+    assert max(errors.values()) <= 1e-5, errors
 
 
 def test_jagged_path_is_not_chosen_on_the_cpu():
