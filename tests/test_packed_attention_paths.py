@@ -86,6 +86,26 @@ def test_jagged_path_layout_with_the_kernel_replaced(monkeypatch):
     assert max(errors.values()) <= 1e-5, errors
 
 
+def test_jagged_path_under_autocast_computes_in_its_dtype(monkeypatch):
+    """fp32 q / k / v under bf16 autocast (RoPE leaves q in fp32 with fp32 weights): the jagged path runs in bf16,
+    as autocast runs SDPA, and matches float64 to bf16 rounding (2^-7 relative, several roundings)."""
+    bench = _bench()
+    seen = []
+
+    def recording(q, k, v, **kw):
+        seen.append((q.dtype, torch.is_autocast_enabled("cpu")))
+        return _per_component_sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(sdpa_varlen, "F", types.SimpleNamespace(scaled_dot_product_attention=recording))
+    cu, (q, k, v, _) = _case(bench)
+    groups = HEADS // KV_HEADS
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = sdpa_varlen._nested(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), cu, 0.0, None)
+    assert seen == [(torch.bfloat16, False)] and out.dtype == torch.bfloat16
+    ref = bench.reference_attention(q, k, v, LENGTHS)
+    assert float((out[0].double() - ref).abs().max() / ref.abs().max()) <= 2e-2
+
+
 def test_jagged_path_is_not_chosen_on_the_cpu():
     q = torch.zeros(1, HEADS, 8, HEAD_DIM, dtype=torch.bfloat16)
     assert not sdpa_varlen.nested_applies(q, [3, 5], None)

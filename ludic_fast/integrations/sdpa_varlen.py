@@ -83,11 +83,18 @@ def _per_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
     return _loop(query, key, value, lengths, window, dropout, scaling, {"enable_gqa": True} if gqa else {})
 
 
+def _compute_dtype(query: Tensor) -> torch.dtype:
+    """The dtype SDPA computes in: the autocast dtype when autocast is on for the query's device, else its own."""
+    device = query.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+
+
 def nested_applies(query: Tensor, lengths: list[int], window: int | None) -> bool:
-    """Whether the row runs as one SDPA call over nested jagged tensors (`_nested`): on CUDA in half precision
-    (PyTorch's flash / memory-efficient varlen kernels; its math fallback refuses is_causal on jagged
-    tensors, so the CPU keeps the loop), without a sliding window or an empty sequence."""
-    half = query.dtype in (torch.float16, torch.bfloat16)
+    """Whether the row runs as one SDPA call over nested jagged tensors (`_nested`): on CUDA computing in half
+    precision (bf16 / fp16 query, or autocast to one; PyTorch's flash / memory-efficient varlen kernels; its
+    math fallback refuses is_causal on jagged tensors, so the CPU keeps the loop), without a sliding window or
+    an empty sequence."""
+    half = _compute_dtype(query) in (torch.float16, torch.bfloat16)
     return query.is_cuda and half and window is None and min(lengths) > 0
 
 
@@ -110,18 +117,21 @@ def _loop(query: Tensor, key: Tensor, value: Tensor, lengths: list[int], window:
 def _nested(query: Tensor, key: Tensor, value: Tensor, bounds: list[int], dropout: float,
             scaling: float | None) -> Tensor:
     """One causal SDPA call over the row as nested jagged tensors `[S, heads, j, d]` with offsets `bounds`
-    (torch.nested.nested_tensor_from_jagged; causal per sequence) -> [1, total, heads, d]."""
+    (torch.nested.nested_tensor_from_jagged; causal per sequence) -> [1, total, heads, d]. Under autocast the
+    inputs are cast to its dtype here, as autocast casts SDPA's, and the call runs outside autocast."""
     offsets = torch.tensor(bounds, dtype=torch.int64).to(query.device, non_blocking=True)
     lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    dtype = _compute_dtype(query)
 
     def jagged(x: Tensor) -> Tensor:
-        values = x[0].transpose(0, 1).contiguous()  # [total, heads, d]
+        values = x[0].transpose(0, 1).to(dtype).contiguous()  # [total, heads, d]
         nt = torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=min(lengths),
                                                     max_seqlen=max(lengths))
         return nt.transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(jagged(query), jagged(key), jagged(value), dropout_p=dropout,
-                                         scale=scaling, is_causal=True)
+    with torch.autocast(query.device.type, enabled=False):
+        out = F.scaled_dot_product_attention(jagged(query), jagged(key), jagged(value), dropout_p=dropout,
+                                             scale=scaling, is_causal=True)
     return out.transpose(1, 2).values()[None]
 
 
