@@ -194,10 +194,11 @@ def auto_attention(model: nn.Module, device: torch.device | str, *, half: bool, 
     """Switch an eager / sdpa model to the packed implementation that skips masked work. On CUDA:
     `flash_attention_2` when flash-attn is installed and the compute dtype is half (`half`), else
     `flex_attention` (not for a sliding window shorter than `max_seq_len`: its BlockMask here is full causal);
-    on CPU, or when neither applies, `SDPA_VARLEN` (`integrations.sdpa_varlen`) unless the model soft-caps its
-    attention logits or has attention sinks (it then keeps the dense mask). Returns the implementation set
-    (via transformers' `set_attn_implementation`), or None: another implementation already chosen by the user,
-    or none available."""
+    on CPU, or when neither applies, `SDPA_VARLEN` (`integrations.sdpa_varlen`: one jagged SDPA call on CUDA in
+    half precision, one call per sequence otherwise) unless the model soft-caps its attention logits or has
+    attention sinks (it then keeps the dense mask). bench/packed_attention.py times these kernels. Returns the
+    implementation set (via transformers' `set_attn_implementation`), or None: another implementation already
+    chosen by the user, or none available."""
     impl = attention_implementation(model)
     lm = unwrap_model(model)
     if impl not in ("eager", "sdpa") or not hasattr(lm, "set_attn_implementation"):
