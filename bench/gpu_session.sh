@@ -114,7 +114,7 @@ suite() {  # suite GROUP SECONDS: the suite stops itself 10 s inside the stage's
     [[ $1 == core && -f $prior_file ]] && prior=(--prior "$prior_file")
     [[ $1 == core ]] && dup=(--drop-duplicates)
     logged "suite-$1-run" "$2" "$PY" bench/gpu_suite.py --out "$RESULTS" --group "$1" --seconds "$(($2 - 10))" \
-        --test-seconds "$TEST_SECONDS" "${prior[@]}" "${dup[@]}"
+        --test-seconds "$TEST_SECONDS" --verdict-copy "$OUT" "${prior[@]}" "${dup[@]}"
 }
 
 bench_stage() {  # bench_stage STAGE SECONDS: each implementation in its own process, then the stage's tables
@@ -175,15 +175,10 @@ stage_profile() {  # the script bounds itself by --seconds; the stage's timeout 
 run_stage() {  # run_stage NAME SECONDS
     case $1 in
         setup) stage_setup "$2" ;;
-        suite)
-            suite core "$2"
-            local rc=$?
-            cp "$RESULTS/suite-core-verdict.md" "$OUT/" 2>/dev/null || true
-            return "$rc" ;;
+        suite) suite core "$2" ;;
         experimental)  # half for the TMA tests, the rest for the TMA bench cases
             local rc=0 start=$SECONDS
             suite experimental "$(($2 / 2))" || rc=1
-            cp "$RESULTS/suite-experimental-verdict.md" "$OUT/" 2>/dev/null || true
             bench_stage experimental "$(($2 - (SECONDS - start)))" || rc=1
             return "$rc" ;;
         e2e) stage_e2e "$2" ;;

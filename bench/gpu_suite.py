@@ -16,7 +16,8 @@ test's start (a test still running at its limit, in Python or inside a CUDA call
 the log and ends the process; the group restarts without the tests that ran and the one that hung), and stops
 starting tests once fewer than --reserve seconds are left before --seconds. The driver rewrites
 OUT/suite-NAME-verdict.md (NAME: the groups run, or 'all') whenever the jsonl grows, at each group's end, at
---seconds (it then ends pytest) and on SIGTERM (it ends pytest, writes the verdict and exits 143).
+--seconds (it then ends pytest) and on SIGTERM (it ends pytest, writes the verdict and exits 143); each
+`--verdict-copy` folder gets every rewrite too.
 
 `--prior JSONL` (a previous run's jsonl, repeatable) orders each group: the tests that failed or hung there
 first, then those it never finished (not reached, or not yet written then), then the rest, each part in
@@ -179,8 +180,8 @@ def prior_order(paths: list[Path]) -> dict[str, list[str]]:
 class Suite:
     """The groups run so far and how each ended; writes the verdict."""
 
-    def __init__(self, out: Path, name: str, test_seconds: float):
-        self.out, self.name, self.test_seconds = out, name, test_seconds
+    def __init__(self, out: Path, name: str, test_seconds: float, copies: tuple[Path, ...] = ()):
+        self.out, self.name, self.test_seconds, self.copies = out, name, test_seconds, copies
         self.groups: list[dict] = []  # {group, path, hung, cut, state}
         self.lock = threading.Lock()
 
@@ -228,10 +229,12 @@ class Suite:
 
     def write(self, cut: str | None = None) -> None:
         with self.lock:
-            path = self.out / f"suite-{self.name}-verdict.md"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(self.verdict(cut))
-            os.replace(tmp, path)
+            text = self.verdict(cut)
+            for folder in (self.out, *self.copies):
+                path = folder / f"suite-{self.name}-verdict.md"
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(text)
+                os.replace(tmp, path)
 
     def failed(self) -> bool:
         return any(grp["hung"] or "failed" in read_group(grp["path"])["outcome"].values() for grp in self.groups)
@@ -317,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prior", type=Path, action="append", default=[],
                    help="a previous run's jsonl: its failed and unfinished tests run first (repeatable)")
     p.add_argument("--drop-duplicates", action="store_true", help="leave out the tests of DUPLICATES")
+    p.add_argument("--verdict-copy", type=Path, action="append", default=[],
+                   help="a folder that gets every rewrite of the verdict too (a call's $OUT; repeatable)")
     args = p.parse_args(argv)
     for name, value in (("--seconds", args.seconds), ("--test-seconds", args.test_seconds)):
         if not value > 0:
@@ -335,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         order.write_text(json.dumps(prior_order(args.prior)))
     groups = [(g, t) for g, t in GROUPS if args.group is None or g in args.group]
     name = "-".join(g for g, _ in groups) if args.group else "all"
-    suite, procs = Suite(args.out, name, args.test_seconds), []
+    for folder in args.verdict_copy:
+        folder.mkdir(parents=True, exist_ok=True)
+    suite, procs = Suite(args.out, name, args.test_seconds, tuple(args.verdict_copy)), []
     with open(args.out / f"suite-{name}.log", "w") as log_file:
 
         def log(text: str) -> None:

@@ -299,7 +299,8 @@ def test_slow(i):
 def _suite(tmp_path, *args, timeout_s=None):
     (tmp_path / "test_cut.py").write_text(CUT_TESTS)
     cmd = [sys.executable, str(ROOT / "bench" / "gpu_suite.py"), "--out", str(tmp_path / "out"), "--group", "core",
-           "--test-seconds", "60", "--tests", str(tmp_path / "test_cut.py"), *args]
+           "--test-seconds", "60", "--tests", str(tmp_path / "test_cut.py"), "--verdict-copy", str(tmp_path / "copy"),
+           *args]
     if timeout_s is not None:
         cmd = ["timeout", "--kill-after=5", str(timeout_s), *cmd]  # as bench/gpu_session.sh runs a stage
     run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120,
@@ -312,8 +313,9 @@ def _suite(tmp_path, *args, timeout_s=None):
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout not installed")
 def test_verdict_survives_the_stages_outer_limit(tmp_path):
     """The suite's own --seconds is far off; the outer `timeout` (SIGTERM to the process group) cuts it
-    mid-suite. The verdict written then names the planted failure with its message and traceback line, lists
-    every test that finished (as the jsonl has them) and the tests that never ran, and says it was cut."""
+    mid-suite. The verdict written then (also in the --verdict-copy folder) names the planted failure with its
+    message and traceback line, lists every test that finished (as the jsonl has them) and the tests that
+    never ran, and says it was cut."""
     run, verdict, ran = _suite(tmp_path, "--seconds", "600", timeout_s=12)
     assert run.returncode == 124, run.stdout[-2000:] + run.stderr[-2000:]
     assert verdict.startswith("# GPU suite verdict: NOT green") and "cut: SIGTERM" in verdict, verdict
@@ -325,6 +327,7 @@ def test_verdict_survives_the_stages_outer_limit(tmp_path):
     assert all(f"`{n}`" in line for n, line in zip(finished, ran))
     assert f"| core | {len(finished) - 1} | 1 | 0 | 0 |" in verdict and "Not run (core, " in verdict
     assert "test_slow[39]`" in verdict.split("Not run (core, ")[1]
+    assert (tmp_path / "copy" / "suite-core-verdict.md").read_text() == verdict  # as a call's $OUT gets it
 
 
 def test_suite_stops_starting_tests_before_its_seconds(tmp_path):
