@@ -8,6 +8,7 @@ the benchmark cases of each bench stage, and the budget table that sizes them.
     python bench/gpu_plan.py merge DIR               # DIR/<impl>/results.json -> DIR/results.json, .md
     python bench/gpu_plan.py seconds run1            # "stage seconds" lines of a call, for the script
     python bench/gpu_plan.py value e2e-paths         # a setting the script reads (e2e-paths, suite-prior)
+    python bench/gpu_plan.py suite-times JSONL       # a suite run's seconds per test file (to recalibrate)
 
 Each implementation of a bench stage runs in its own `ludic-fast bench` process (a hang, which ends that
 process at its per-case --timeout, costs only that implementation's remaining cases); `merge` joins their
@@ -29,6 +30,7 @@ look-ups (impls, args, seconds, value) import no torch.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -164,6 +166,20 @@ def budget_table() -> str:
     return "\n".join(out)
 
 
+def suite_times(jsonl: Path) -> str:
+    """Per test file of a gpu_suite jsonl: tests finished, their seconds (the 'finish' rows' times), the mean
+    (a run before the per-test times were recorded gives counts only)."""
+    files: dict[str, list[float]] = {}
+    for line in jsonl.read_text().splitlines():
+        row = json.loads(line)
+        if "finish" in row:
+            files.setdefault(row["finish"].split("::")[0], []).append(row.get("seconds") or float("nan"))
+    out = ["| file | tests | seconds | s / test |", "|---|---|---|---|"]
+    for name, secs in sorted(files.items(), key=lambda kv: -sum(kv[1])):
+        out.append(f"| {name} | {len(secs)} | {sum(secs):.1f} | {sum(secs) / len(secs):.2f} |")
+    return "\n".join(out)
+
+
 def bench_args(stage: str, impl: str, tiny: bool) -> list[str]:
     shapes, workloads, _ = BENCH_STAGES[stage]
     triples = ",".join("x".join(map(str, SHAPES[s][1 if tiny else 0])) for s in shapes)
@@ -191,7 +207,7 @@ def merge(folder: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("budget", "impls", "args", "merge", "seconds", "value"))
+    p.add_argument("what", choices=("budget", "impls", "args", "merge", "seconds", "value", "suite-times"))
     p.add_argument("name", nargs="?",
                    help="the stage (impls, args), its folder (merge), the call (seconds) or the setting (value)")
     p.add_argument("impl", nargs="?", help="args: the implementation")
@@ -199,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.what == "budget":
         print(budget_table())
+    elif a.what == "suite-times":
+        if a.name is None or not Path(a.name).is_file():
+            p.error(f"suite-times needs a gpu_suite jsonl, got {a.name!r}")
+        print(suite_times(Path(a.name)))
     elif a.what == "value":
         values = {"e2e-paths": ",".join(E2E_PATHS), "suite-prior": SUITE_PRIOR}
         if a.name not in values:

@@ -378,3 +378,13 @@ def _suite_module():
     finally:
         sys.path.remove(str(ROOT / "bench"))
     return gpu_suite
+
+
+def test_suite_times_per_file(tmp_path):
+    """The seconds a suite run spent per test file, from its jsonl's 'finish' rows (hand-made rows)."""
+    rows = [{"finish": "tests/a.py::t1", "seconds": 1.5}, {"start": "tests/a.py::t2"},
+            {"finish": "tests/a.py::t2", "seconds": 0.5}, {"finish": "tests/b.py::t[x]", "seconds": 4.0}]
+    path = tmp_path / "suite-core.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = _plan().suite_times(path).splitlines()
+    assert lines[2:] == ["| tests/b.py | 1 | 4.0 | 4.00 |", "| tests/a.py | 2 | 2.0 | 1.00 |"]
