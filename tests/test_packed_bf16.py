@@ -1,7 +1,7 @@
 """Packed == padded in bf16 on every packed-attention path the CPU runs (the dense block-diagonal mask under
 sdpa and eager, per-sequence SDPA; flex attention forward only), with bf16 weights and with fp32 weights under
-bf16 autocast: the packed-vs-padded distance is at most K times the padded path's own distance to a float64
-reference (`_packed_noise`). The criterion catches a sequence attending its neighbour (planted by hand below)."""
+bf16 autocast: the packed gradients' distance to a float64 reference is at most K times the padded ones'
+(`_packed_noise`). The criterion catches a sequence attending its neighbour (planted by hand below)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_the_criterion_catches_a_sequence_attending_its_neighbour(monkeypatch, p
     monkeypatch.setattr(packing.PackedAttention, "model_inputs",
                         _merge_first_two(packing.PackedAttention.model_inputs))
     grads = _packed_and_padded(model, items, precision, path, check_packing=False)  # the probe would refuse it
-    with pytest.raises(AssertionError, match="packed-vs-padded"):
+    with pytest.raises(AssertionError, match="packed-vs-fp64"):
         assert_within_noise(grads["packed"], grads["padded"], ref, "planted leak")
 
 

@@ -4,12 +4,12 @@ available there (sdpa / eager: block-diagonal mask, `packed_attention="mask"`; p
 of an sdpa model to one of them), Liger's body kernels against the unfused body (CUDA), and bf16 mixed precision
 against fp32.
 
-Packed vs padded is judged against the rounding of the padded path itself (`_packed_noise`): the packed-vs-padded
-gradient distance at most K = 2 times the padded gradients' distance to a float64 eager reference on the same
-device; a failure states both distances, the one of packed to the reference and the worst parameter. (The former
-fixed tolerance, max |Δ| / max |g| <= 1.5e-2 per parameter in bf16, is at the bf16 noise floor: on the CPU the
-padded bf16 gradients of this model are 2.2e-2 to 3.8e-2 from float64 by that measure, per-sequence SDPA's packed
-ones 1.6e-2 from padded.)"""
+Packed vs padded is judged against the rounding of the padded path itself (`_packed_noise`): the packed
+gradients' distance to a float64 eager reference on the same device at most K = 2 times the padded gradients';
+a failure states both distances, the packed-vs-padded one and the worst parameter. (The former fixed tolerance,
+max |Δ| / max |g| <= 1.5e-2 per parameter in bf16, is at the bf16 noise floor: on the CPU the padded bf16
+gradients of this model are 2.2e-2 to 3.8e-2 from float64 by that measure, two correct padded paths (sdpa and
+eager) 1.4e-2 to 2.2e-2 apart, per-sequence SDPA's packed ones 1.6e-2 from padded.)"""
 
 from __future__ import annotations
 
