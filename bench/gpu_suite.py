@@ -22,8 +22,9 @@ OUT/suite-NAME-verdict.md (NAME: the groups run, or 'all') whenever the jsonl gr
 `--prior JSONL` (a previous run's jsonl, repeatable) orders each group: the tests that failed or hung there
 first, then those it never finished (not reached, or not yet written then), then the rest, each part in
 collection order. `--drop-duplicates` leaves out the tests of DUPLICATES (each runs exactly the code of a
-test that stays, at the same shape; the verdict counts them and says why). Exits 0 when no test failed or
-hung. `--tests` replaces the test paths (the rehearsal's injected tests use it through env GPU_SUITE_TESTS).
+test that stays, at the same shape; the verdict counts them and says why). Exits 0 when every group ran to
+its end with no test failed or hung (skips allowed), else 1. `--tests` replaces the test paths (the
+rehearsal's injected tests use it through env GPU_SUITE_TESTS).
 """
 
 from __future__ import annotations
@@ -145,8 +146,8 @@ def read_group(path: Path) -> dict:
             continue
         if "collected" in row:
             g["collected"] += [n for n in row["collected"] if n not in g["collected"]]
-        elif "dropped" in row:
-            g["dropped"] += row["dropped"]
+        elif "dropped" in row:  # recorded again by each restart of the group
+            g["dropped"] += [n for n in row["dropped"] if n not in g["dropped"]]
         elif "start" in row:
             g["started"].append(row["start"])
         elif "stopped" in row:
@@ -236,8 +237,12 @@ class Suite:
                 tmp.write_text(text)
                 os.replace(tmp, path)
 
-    def failed(self) -> bool:
-        return any(grp["hung"] or "failed" in read_group(grp["path"])["outcome"].values() for grp in self.groups)
+    def all_ran_and_none_failed(self) -> bool:
+        for grp in self.groups:
+            g = read_group(grp["path"])
+            if grp["hung"] or grp["state"] != "ran to its end" or "failed" in g["outcome"].values():
+                return False
+        return True
 
 
 def _end(proc: subprocess.Popen) -> None:
@@ -364,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             run_group(suite, group, tma, tests, deadline, args.reserve, order, args.drop_duplicates, log, procs)
         suite.write()
     print((args.out / f"suite-{name}-verdict.md").read_text())
-    return 1 if suite.failed() else 0
+    return 0 if suite.all_ran_and_none_failed() else 1
 
 
 if __name__ == "__main__":
