@@ -115,7 +115,7 @@ def test_bench_rows_on_cpu(tmp_path):
     bench = _bench()
     out = tmp_path / "rows.jsonl"
     rows = bench.main(["--seqs", "3", "--max-len", "24", "--heads", "4", "--kv-heads", "2", "--head-dim", "8",
-                       "--dtype", "fp32", "--seconds", "0.5", "--out", str(out)])
+                       "--dtype", "fp32", "--seconds", "0.5", "--device", "cpu", "--out", str(out)])
     assert [r["path"] for r in rows] == list(bench.PATHS)
     assert [json.loads(line)["path"] for line in out.read_text().splitlines()] == list(bench.PATHS)
     for r in rows:
