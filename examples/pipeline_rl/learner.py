@@ -83,26 +83,28 @@ def _learn(args, resume_step, tok, task, stop) -> int:
     from ludic_fast.distributed.pipeline_ranks import BroadcastBatchSource
     from ludic_fast.distributed.publish import RedisWeightPublisher
     from ludic_fast.distributed.versions import OffsetPublisher, start_version
-    from ludic_fast.run.loggers import JSONLLogger, TeeLogger, keep_jsonl_records
+    from ludic_fast.run.loggers import JSONLLogger, TeeLogger, keep_records_for_resume
     from ludic_fast.run.stats import default_reducers
     from ludic_fast.trainer import Trainer
 
     main_rank = parallel.is_main(args)  # rank 0 reads the stream, publishes and writes the output directory
     out = None if args.output_dir is None else Path(args.output_dir)
     ids_log = None
-    logger = build_console_logger(args.logger if main_rank else "none")
+    console = build_console_logger(args.logger if main_rank else "none")
+    sft_logger = rl_logger = console
     if out is not None and main_rank:
         out.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None:  # the steps after the checkpoint are trained again: their records go
-            for name in ("metrics.jsonl", "trained_ids.jsonl"):
-                keep_jsonl_records(out / name, lambda r: r["step"] <= resume_step)
-        ids_log = JSONLLogger(out / "trained_ids.jsonl")
-        logger = TeeLogger(logger, JSONLLogger(out / "metrics.jsonl"))
+        for name in ("metrics.jsonl", "trained_ids.jsonl"):  # a resume keeps the warm-up's records whole
+            keep_records_for_resume(out / name, phases=("sft", "rl"), resumed=None if resume_step is None else "rl",
+                                    step=resume_step)
+        ids_log = JSONLLogger(out / "trained_ids.jsonl", extra={"phase": "rl"})
+        sft_logger = TeeLogger(console, JSONLLogger(out / "metrics.jsonl", extra={"phase": "sft"}))
+        rl_logger = TeeLogger(console, JSONLLogger(out / "metrics.jsonl", extra={"phase": "rl"}))
     with stop:  # SIGINT / SIGTERM: finish the current step, then stop (exit 130 / 143)
         model, tok = build_model_and_tokenizer(args, tok)
         model = parallel.wrap(args, model)  # DDP / FSDP2 under --parallel
         if args.sft_steps > 0 and resume_step is None:  # resumed: the RL checkpoint holds the weights
-            model = run_sft(args, model, tok, task, logger, stop=stop)
+            model = run_sft(args, model, tok, task, sft_logger, stop=stop)
         if stop.requested:
             if main_rank:
                 print(f"[learner] stopped by {stop.signal_name} in the SFT warm-up: nothing published",
@@ -123,7 +125,7 @@ def _learn(args, resume_step, tok, task, stop) -> int:
         cfg = trainer_config(args, tok, lr=args.lr, steps=args.rl_steps, sync=1)  # as `ludic-fast train`'s RL phase
         cfg.max_lag = None  # the source drops stale items, in published versions (which a resume shifts)
         trainer = Trainer(model=model, algo=make_algorithm(args), batch_source=batches, cfg=cfg, publisher=publisher,
-                          train_logger=logger, reducers=default_reducers(),
+                          train_logger=rl_logger, reducers=default_reducers(),
                           checkpoint_config=checkpoint_config(args, "rl"),
                           resume_from=None if resume_step is None else "latest")
         if main_rank:

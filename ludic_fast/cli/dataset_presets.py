@@ -46,7 +46,7 @@ from ludic_fast.engine.trainer import Engine
 from ludic_fast.objectives.reward import RewardObjective
 from ludic_fast.rollout import resolve_chat_template
 from ludic_fast.run.checkpoint import CheckpointManager
-from ludic_fast.run.loggers import JSONLLogger, TeeLogger, WandbLogger, keep_jsonl_records, plot_curves, read_jsonl
+from ludic_fast.run.loggers import JSONLLogger, TeeLogger, WandbLogger, keep_records_for_resume, plot_curves, read_jsonl
 from ludic_fast.run.sharded_checkpoint import export_hf
 
 #: the offline presets and, by name, their data format, preference loss class, headline metric and unit of data
@@ -145,10 +145,9 @@ def main(args: argparse.Namespace, command: str, stop: StopOnSignal | None = Non
     metrics = out / "metrics.jsonl"
     ckpt = run_setup.checkpoint_config(args, args.preset)
     resume = resume_step is not None
-    if main_rank and resume:  # the records of steps after the checkpoint are trained again
-        keep_jsonl_records(metrics, lambda r: r["step"] <= resume_step)
-    elif main_rank:
-        metrics.unlink(missing_ok=True)
+    if main_rank:  # the records of steps after the checkpoint are trained again
+        keep_records_for_resume(metrics, phases=(args.preset,), resumed=args.preset if resume else None,
+                                step=resume_step)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -92,7 +92,7 @@ from ludic_fast.run.loggers import (
     JSONLLogger,
     TeeLogger,
     WandbLogger,
-    keep_jsonl_records,
+    keep_records_for_resume,
     plot_curves,
     read_jsonl,
 )
@@ -628,12 +628,9 @@ def _run(args: argparse.Namespace, command: str, t0: float, stop: StopOnSignal, 
     metrics = out / "metrics.jsonl"
     main_rank = parallel.is_main(args)  # rank 0 writes the run directory
     rl_resume = args.resume and CheckpointManager(CheckpointConfig(str(out / "rl"))).latest_step() is not None
-    if main_rank and rl_resume:  # the records past the checkpoint's step are logged again by the resumed run
-        keep_jsonl_records(metrics, lambda r: r.get("phase") != "rl" or r["step"] <= resume_step)
-    elif main_rank and args.resume:
-        keep_jsonl_records(metrics, lambda r: r.get("phase") == "sft" and r["step"] <= resume_step)
-    elif main_rank:
-        metrics.unlink(missing_ok=True)
+    if main_rank:  # the records past the checkpoint's step are logged again by the resumed run
+        resumed = "rl" if rl_resume else "sft" if args.resume else None
+        keep_records_for_resume(metrics, phases=("sft", "rl"), resumed=resumed, step=resume_step)
     if main_rank:
         record_run(out, parser, args, argv, objective=make_algorithm(args), trainer_configs={
             "sft": trainer_config(args, tok, lr=args.sft_lr, steps=args.sft_steps, sync=0),

@@ -120,6 +120,31 @@ def keep_jsonl_records(path: str | os.PathLike[str], keep: Callable[[dict[str, A
     atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in kept))
 
 
+def keep_records_for_resume(path: str | os.PathLike[str], *, phases: Sequence[str], resumed: str | None,
+                            step: int | None = None) -> None:
+    """Trim a phase-tagged record file (each record has "phase" and "step") for a run that resumes phase
+    `resumed` from its checkpoint at `step`: the phases before it in `phases` are complete and not run again,
+    so their records are kept whole; `resumed`'s records up to `step` are kept (its later steps are trained and
+    logged again); the phases after it are dropped. `resumed=None` is a fresh run: the file is removed.
+    A record of a phase not in `phases` is refused (ValueError) rather than guessed."""
+    path = Path(path)
+    if resumed is None:
+        path.unlink(missing_ok=True)
+        return
+    if resumed not in phases:
+        raise ValueError(f"resumed={resumed!r} is not one of phases={list(phases)}")
+    if step is None:
+        raise ValueError("step: a resumed phase needs its checkpoint's step")
+    order = {phase: k for k, phase in enumerate(phases)}
+    if path.exists():
+        untagged = [r for r in read_jsonl(path) if r.get("phase") not in order]
+        if untagged:
+            raise ValueError(f"{path}: a record of phase {untagged[0].get('phase')!r}, not one of {list(phases)}: "
+                             "cannot tell whether a resume keeps it")
+    here = order[resumed]
+    keep_jsonl_records(path, lambda r: order[r["phase"]] < here or (order[r["phase"]] == here and r["step"] <= step))
+
+
 class TeeLogger:
     """Calls every logger; an exception in one is printed to stderr and does not stop the others.
     `drop_keys` are removed from the stats first (e.g. RL-only metrics in an SFT phase)."""
