@@ -9,6 +9,8 @@ Paths (q `[1, heads, total, d]`, k / v `[1, kv_heads, total, d]`, sequences at `
                  real rows): the padded batch's attention without a padding mask, the fastest padded case
   padded-mask    the same with transformers' padded mask (causal and key not padding): SDPA gets a mask
   dense-mask     the packed `mask` path: one row, SDPA with the [total, total] block-diagonal causal mask
+                 (under a mask kv heads are repeated, as transformers' sdpa does: enable_gqa would leave the
+                 fused kernels on CUDA)
   sdpa-loop      `sdpa_varlen._loop`: one causal SDPA call per sequence (the CPU's and fp32's sdpa_varlen)
   sdpa-nested    `sdpa_varlen._nested`: one SDPA call over nested jagged tensors (CUDA, half precision)
   flex           transformers' flex_attention_forward (compiled flex) with `packing._block_mask` (no CPU backward)
@@ -94,11 +96,19 @@ def _padded(padding_mask: bool) -> Callable:
             return out.transpose(1, 2)
 
         mask = state.get("mask")
+        if mask is not None:  # as transformers' sdpa: kv heads repeated under a mask (SDPA's enable_gqa would
+            k, v = _repeat(k, q), _repeat(v, q)  # leave the fused kernels on CUDA)
         out = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=mask, is_causal=mask is None,
-                                             enable_gqa=True)
+                                             enable_gqa=mask is None)
         return out.transpose(1, 2)[rows, cols]
 
     return setup, run
+
+
+def _repeat(kv: Tensor, q: Tensor) -> Tensor:
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    return repeat_kv(kv, q.shape[1] // kv.shape[1])
 
 
 def _dense_mask():
@@ -107,7 +117,7 @@ def _dense_mask():
         return {"mask": packing._dense_mask(packing.document_ids(cu_t, cu[-1]), None)}
 
     def run(q: Tensor, k: Tensor, v: Tensor, state: dict[str, Any]) -> Tensor:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=state["mask"], enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, _repeat(k, q), _repeat(v, q), attn_mask=state["mask"])
         return out[0].transpose(0, 1)
 
     return setup, run
@@ -123,15 +133,12 @@ def _sdpa_loop():
     return setup, run
 
 
-def _sdpa_nested(layer: Layer):
-    from transformers.integrations.sdpa_attention import repeat_kv
-
+def _sdpa_nested():
     def setup(cu: list[int], device: torch.device) -> dict[str, Any]:
         return {"bounds": cu}
 
     def run(q: Tensor, k: Tensor, v: Tensor, state: dict[str, Any]) -> Tensor:
-        groups = layer.num_key_value_groups
-        return sdpa_varlen._nested(q, repeat_kv(k, groups), repeat_kv(v, groups), state["bounds"], 0.0, None)[0]
+        return sdpa_varlen._nested(q, _repeat(k, q), _repeat(v, q), state["bounds"], 0.0, None)[0]
 
     return setup, run
 
@@ -185,7 +192,7 @@ def unavailable(path: str, device: torch.device, dtype: torch.dtype) -> str | No
 def make_path(path: str, layer: Layer) -> tuple[Callable, Callable]:
     """(setup(cu, device) -> state, run(q, k, v, state) -> out [total, heads, d]) of one path."""
     builders = {"padded-causal": lambda: _padded(False), "padded-mask": lambda: _padded(True),
-                "dense-mask": _dense_mask, "sdpa-loop": _sdpa_loop, "sdpa-nested": lambda: _sdpa_nested(layer),
+                "dense-mask": _dense_mask, "sdpa-loop": _sdpa_loop, "sdpa-nested": _sdpa_nested,
                 "flex": lambda: _flex(layer, True), "flex-torch-mask": lambda: _flex(layer, False),
                 "flash-varlen": _flash_varlen}
     return builders[path]()
