@@ -17,8 +17,9 @@ grad clipping, AdamW — on a Llama-architecture model built from a config (rand
 
 Each path runs in its own process (its own peak memory: the CUDA allocator's peak, or peak RSS on CPU), one
 micro-batch per step, one warm-up step, then `--steps` timed steps (CUDA-synchronised). `--find-max` doubles
-the sequences per step until a path fails (out of memory), then bisects between the last fit and the first
-failure to within an eighth of the fit, each attempt in its own process. For the Trainer paths the
+the sequences per step until a path fails (out of memory) — on CUDA, once two peaks are known, it jumps to where
+the peak, linear in the sequences, would reach 97 % of the device's memory — then bisects between the last fit
+and the first failure to within an eighth of the fit, each attempt in its own process. For the Trainer paths the
 table also shows `Trainer.memory_estimate` (the estimate `ludic-fast train` prints; the reference path's is
 that of the fused head it replaces), to compare with the measured peak on a GPU.
 
@@ -291,8 +292,9 @@ def run_path(args: argparse.Namespace, path: str) -> dict:
         times.append(time.perf_counter() - t0)
     tokens = sum(len(it.input_ids) for it in _items(args))
     median = statistics.median(times)
+    capacity = torch.cuda.get_device_properties(0).total_memory if args.device == "cuda" else None
     return {"path": path, "median_s": median, "min_s": min(times), "tokens": tokens, "tokens_per_s": tokens / median,
-            "peak_bytes": memory.peak(), "estimate_bytes": estimate}
+            "peak_bytes": memory.peak(), "estimate_bytes": estimate, "capacity_bytes": capacity}
 
 
 def _child(args: argparse.Namespace, path: str, seqs: int | None = None) -> dict:
@@ -319,21 +321,38 @@ def _child(args: argparse.Namespace, path: str, seqs: int | None = None) -> dict
 
 
 def _largest_fit(args: argparse.Namespace, path: str, first: dict, deadline: float) -> str | None:
-    """Double the sequences per step from --seqs until the path runs out of memory (or fails), then bisect
-    between the last fit and the first failure until they are within an eighth of the fit; stop at the
+    """The largest sequences per step the path fits: from --seqs, double (on CUDA, once two peaks are known,
+    jump to where the peak memory, linear in the sequences, reaches 97 % of the device's), then bisect between
+    the last fit and the first failure until they are within an eighth of the fit; stop at the
     --find-max-seconds deadline (time.monotonic): the largest that ran, '>= n' when cut by the deadline."""
     if "skipped" in first:
         return None
     fit, fail = args.seqs, None
+    peaks = {args.seqs: first.get("peak_bytes")}
     while fail is None or fail - fit > max(1, fit // 8):
         if time.monotonic() >= deadline:
             return f">= {fit} (time cap)"
-        trial = fit * 2 if fail is None else (fit + fail) // 2
-        if "skipped" in _child(args, path, trial):
+        trial = (fit + fail) // 2 if fail is not None else _predicted_fit(peaks, first.get("capacity_bytes"), fit)
+        row = _child(args, path, trial)
+        if "skipped" in row:
             fail = trial
         else:
-            fit = trial
+            fit, peaks[trial] = trial, row.get("peak_bytes")
     return str(fit)
+
+
+def _predicted_fit(peaks: dict[int, int | None], capacity: int | None, fit: int) -> int:
+    """The next size to try while nothing failed yet: twice the fit, or (a device capacity and two peaks known)
+    the size whose peak, extrapolated linearly from the two largest, is 97 % of the capacity — at least an
+    eighth above the fit."""
+    known = sorted((n, b) for n, b in peaks.items() if b)
+    if capacity is None or len(known) < 2:
+        return fit * 2
+    (n0, b0), (n1, b1) = known[-2:]
+    slope = (b1 - b0) / (n1 - n0)
+    if slope <= 0:
+        return fit * 2
+    return max(fit + max(1, fit // 8), int(n1 + (0.97 * capacity - b1) / slope))
 
 
 def table(args: argparse.Namespace, rows: list[dict]) -> str:

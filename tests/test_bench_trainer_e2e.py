@@ -153,3 +153,29 @@ def test_trl_liger_and_kernel_paths_need_cuda():
     assert bench.skip_reason(args, "trl+liger") == "CUDA only (Liger-Kernel's kernels)"
     assert bench.skip_reason(args, "ours-packed+kernels") == "CUDA only (Liger-Kernel's kernels)"
     assert bench.skip_reason(args, "ours-packed") is None
+
+
+def test_find_max_jumps_to_the_memory_extrapolation_on_a_device(tmp_path, monkeypatch):
+    """With the device's capacity known (10 GB) and a peak of 1 GB + 0.1 GB a sequence (fits up to 90): 4 runs,
+    8 doubles (two peaks now), the line reaches 97 % at 87 (fits), the next try is an eighth above (97, fails),
+    and 87 is within an eighth of 97: 87, in 3 attempts where doubling and bisecting takes 6."""
+    import subprocess
+
+    bench = _bench()
+    tried = []
+
+    def run(cmd, **kw):
+        seqs = int(cmd[len(cmd) - 1 - cmd[::-1].index("--seqs") + 1])
+        tried.append(seqs)
+        peak = 10**9 + 10**8 * seqs
+        if peak > 10 * 10**9:
+            return subprocess.CompletedProcess(cmd, 1, "", "torch.OutOfMemoryError: CUDA out of memory")
+        row = {"path": "ours-packed", "median_s": 0.5, "min_s": 0.4, "tokens": 8, "tokens_per_s": 16.0,
+               "peak_bytes": peak, "estimate_bytes": None, "capacity_bytes": 10 * 10**9}
+        return subprocess.CompletedProcess(cmd, 0, bench.RESULT_PREFIX + json.dumps(row) + "\n", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    argv = ["--paths", "ours-packed", "--seqs", "4", "--find-max", "--json", str(tmp_path / "rows.json")]
+    assert bench.main(argv) == 0
+    assert tried == [4, 8, 87, 97]
+    assert json.loads((tmp_path / "rows.json").read_text())["rows"][0]["max_seqs"] == "87"
