@@ -115,3 +115,16 @@ def test_learner_resumed_after_a_kill_keeps_the_warm_up_and_logs_each_rl_step_on
     assert _steps(metrics, "sft") == list(range(1, sft_steps + 1))
     assert _steps(metrics, "rl") == list(range(1, rl_steps + 1))
     assert _steps(_read(out / "trained_ids.jsonl"), "rl") == list(range(1, rl_steps + 1))
+
+
+def test_a_resumed_episode_source_drops_its_log_past_the_checkpoint(tmp_path):
+    """EnvBatchSource logs episodes tagged with their 0-based batch; resumed after 3 batches, the records of
+    batches 3 and 4 go (played and logged again), 0..2 stay."""
+    from ludic_fast.agents import EnvBatchSource
+
+    log = tmp_path / "episodes.jsonl"
+    _write(log, [{"batch": b, "messages": []} for b in range(5) for _ in range(2)])
+    src = EnvBatchSource(make_env=lambda: None, runner=None, credit_assigner=None, seeds_per_batch=1, group_size=1,
+                         episode_log=log)
+    src.load_state_dict({"batches": 3})
+    assert src.batches == 3 and [r["batch"] for r in _read(log)] == [0, 0, 1, 1, 2, 2]

@@ -28,6 +28,7 @@ from ludic_fast.agents.rewards import WeightedRewards
 from ludic_fast.agents.runner import Episode, EpisodeJob, EpisodeRunner
 from ludic_fast.data.filters import apply_filter
 from ludic_fast.data.types import CreditAssigner, SampleFilter, SAWBatch
+from ludic_fast.run.loggers import keep_jsonl_records
 
 
 def _mix(*parts: Any) -> int:
@@ -132,7 +133,11 @@ class EnvBatchSource:
         return {"batches": self.batches}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume after `state["batches"]` batches; the episode log's records of later batches go (they are
+        played and logged again)."""
         self.batches = int(state["batches"])
+        if self.episode_log is not None:
+            keep_jsonl_records(self.episode_log, lambda r: r["batch"] < self.batches)
 
 
 

@@ -35,6 +35,8 @@ ENV_ONLY = ("env_arg", "env_reward", "max_turns", "max_episode_tokens", "env_tim
 TASK_ONLY = ("task", "task_arg", "eval_task", "eval_holdout", "eval_on_train", "reward", "reward_weights",
              "dynamic_sampling", "max_rounds", "tie_jitter")
 #: log keys of the episode statistics, shown by the console loggers in an --env run
+#: the sample of whole episodes in the output directory (a resumed run trims it to its checkpoint's batches)
+EPISODE_LOG = "episodes.jsonl"
 EPISODE_KEYS = ("train/episode_turns_mean", "train/episode_tool_calls_mean", "train/episode_tool_errors_mean",
                 "train/episode_failed", "train/episode_truncated", "eval/success")
 
@@ -171,7 +173,7 @@ def env_source(args: argparse.Namespace, engine: Any, tok: Any, algo: Any, out: 
     return EnvBatchSource(
         make_env=env_factory(args), runner=runner, credit_assigner=algo.credit_assigner,
         seeds_per_batch=args.prompts_per_batch, group_size=args.group_size, seed=args.seed, per=args.episode_items,
-        rewards=env_rewards(args), episode_log=None if out is None or args.episode_log == 0 else out / "episodes.jsonl",
+        rewards=env_rewards(args), episode_log=None if out is None or args.episode_log == 0 else out / EPISODE_LOG,
         log_episodes=args.episode_log,
     )
 

@@ -631,6 +631,8 @@ def _run(args: argparse.Namespace, command: str, t0: float, stop: StopOnSignal, 
     if main_rank:  # the records past the checkpoint's step are logged again by the resumed run
         resumed = "rl" if rl_resume else "sft" if args.resume else None
         keep_records_for_resume(metrics, phases=("sft", "rl"), resumed=resumed, step=resume_step)
+        if not rl_resume:  # RL starts anew: so does its episode log (a resumed source trims it itself)
+            (out / env_train.EPISODE_LOG).unlink(missing_ok=True)
     if main_rank:
         record_run(out, parser, args, argv, objective=make_algorithm(args), trainer_configs={
             "sft": trainer_config(args, tok, lr=args.sft_lr, steps=args.sft_steps, sync=0),
