@@ -15,22 +15,23 @@ turn by turn: `game.step(action) -> (done, info)`, `game.get_observation() -> (p
   earlier steps get 0 and the game's step info (`info["textarena"]`).
 
 The game is built without textarena's observation wrappers (its "-raw" version): the chat template renders the
-conversation. textarena seeds and draws from Python's global `random`, so every call into a game holds one
-lock (episodes run in threads): a seed gives the same game whatever else runs.
+conversation. textarena seeds and draws from Python's global `random` (a few games from numpy's), and episodes
+run in threads: every call into an episode's game runs inside that episode's own random state
+(`ludic_fast.agents.own_random`), so a seed gives the game textarena plays alone with that seed, whatever
+else runs.
 """
 
 from __future__ import annotations
 
 import random
 import re
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from ludic_fast.agents.libraries import import_library
+from ludic_fast.agents.own_random import OwnRandomState
 from ludic_fast.agents.protocol import AssistantTurn, Message, StepResult
 
-_LOCK = threading.Lock()
 _QUOTED_MOVE = re.compile(r"'(\[[^\]'\n]+\])'")
 
 Opponent = Callable[[str, random.Random], str]
@@ -111,11 +112,12 @@ class TextArenaEnv:
         self.player_id = player_id
         self.game: Any = None
         self.rng = random.Random(0)
+        self.random_state = OwnRandomState(0)
 
     def _default_players(self) -> int:
         for n in (1, 2):
             try:
-                with _LOCK:
+                with OwnRandomState(0):
                     self._make().reset(num_players=n, seed=0)
                 return n
             except (AssertionError, ValueError, KeyError, IndexError):
@@ -131,7 +133,8 @@ class TextArenaEnv:
     def reset(self, seed: int) -> list[Message]:
         """A new game of `seed` (the opponent's moves are drawn from `seed` too), played up to the model's turn."""
         self.rng = random.Random(f"textarena-opponent:{seed}")
-        with _LOCK:
+        self.random_state = OwnRandomState(seed)
+        with self.random_state:
             self.game = self._make()
             self.game.reset(num_players=self.num_players, seed=seed)
             done, text = self._to_my_turn()
@@ -154,7 +157,7 @@ class TextArenaEnv:
         """The model's move (its turn's text) to the game, then the opponents' moves (module docstring)."""
         if self.game is None:
             raise RuntimeError("step before reset")
-        with _LOCK:
+        with self.random_state:
             done, info = self.game.step(turn.content or turn.text)
             text = ""
             if not done:
