@@ -17,6 +17,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
+from ludic_fast.cli.presets import preset_names
 from ludic_fast.cli.validation import UsageError
 from ludic_fast.distributed.launch import PARALLEL_MODES, init_from_env, torchrun_env, wrap_model
 
@@ -53,9 +54,7 @@ def check_launch(args: argparse.Namespace) -> None:
     if args.engine != "hf":
         raise UsageError(f"--sampler {args.engine} with --parallel: only the in-process transformers sampler (hf) "
                          "samples on every rank")
-    from ludic_fast.cli.dataset_presets import OFFLINE_PRESETS
-
-    offline = args.preset in OFFLINE_PRESETS
+    offline = args.preset in preset_names(offline=True)
     used = [("pref_batch_size", offline), ("sft_batch_size", not offline and args.sft_steps > 0),
             ("prompts_per_batch", not offline and args.rl_steps > 0)]
     for flag in [f for f, on in used if on]:

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from ludic_fast._deprecation import renamed_attributes
-from ludic_fast.rollout.sampler import Completion, SamplingConfig, cut_at_eos
+from ludic_fast.rollout.sampling import Completion, SamplingConfig, cut_at_eos
 
 
 def vllm_weight_name(name: str) -> str | None:

@@ -43,7 +43,8 @@ import torch
 from torch import Tensor
 
 from ludic_fast._deprecation import renamed_attributes
-from ludic_fast.rollout.sampler import Completion, SamplingConfig, cut_at_eos
+from ludic_fast.rollout.http import request_json
+from ludic_fast.rollout.sampling import Completion, SamplingConfig, cut_at_eos
 from ludic_fast.rollout.vllm_sampler import (
     check_generate_args,
     check_push_names,
@@ -53,20 +54,6 @@ from ludic_fast.rollout.vllm_sampler import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def request_json(url: str, body: dict[str, Any] | None = None, *, timeout: float) -> Any:
-    """POST `body` as JSON (GET without one); the decoded JSON answer, None for an empty one; RuntimeError
-    naming the endpoint and the server's message on an HTTP error."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:500]
-        raise RuntimeError(f"vLLM server {url}: HTTP {exc.code}: {detail}") from None
-    return json.loads(raw) if raw else None
 
 
 WEIGHT_TRANSFERS = ("reload", "nccl", "auto")

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ludic_fast.rollout.http import request_json
+
 
 def nccl_transfer_unavailable() -> str | None:
     """None when the NCCL weight transfer can run in this process, else the reason (one line)."""
@@ -50,14 +52,10 @@ class HTTPControl:
         self.url, self.timeout = url.rstrip("/"), timeout
 
     def _post(self, route: str, body: dict[str, Any]) -> None:
-        from ludic_fast.rollout.vllm_server import request_json
-
         request_json(f"{self.url}/{route}", body, timeout=self.timeout)
 
     def world_size(self) -> int:
         """The server's worker count (tensor x pipeline x data parallel): its ranks in the NCCL group."""
-        from ludic_fast.rollout.vllm_server import request_json
-
         return int(request_json(f"{self.url}/get_world_size", timeout=self.timeout)["world_size"])
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
