@@ -277,3 +277,11 @@ def test_rewriting_history_fails_only_that_episode(tok, tmp_path):
         "                    rubric=vf.Rubric(funcs=[lambda completion: 1.0]))\n")
     _, ep = play(tok, make_env(str(rewrites)), ["x"])
     assert ep.status == "failed" and "rewrote earlier messages" in ep.error
+
+
+@pytest.mark.parametrize("version", ["0.4.0", "0.3.0", "0.5.2"])
+def test_an_unsupported_verifiers_version_is_refused_in_one_line(monkeypatch, version):
+    monkeypatch.setattr(vf, "__version__", version)
+    with pytest.raises(ValueError, match=rf"verifiers {version} is installed; .* supports verifiers 0\.3\.1") as exc:
+        make_env(TOY, split="train")
+    assert "\n" not in str(exc.value)

@@ -47,11 +47,19 @@ from ludic_fast.agents.protocol import AssistantTurn, Message, StepResult
 #: model name the environment's rollouts record (our sampler does not read it)
 MODEL_NAME = "ludic-fast"
 SPLITS = ("train", "eval")
+#: the verifiers releases this adapter drives (their classic API); any other is refused in one line
+SUPPORTED_VERSIONS = ("0.3.1",)
 _LOADED: dict[str, Any] = {}
 
 
 def _vf() -> Any:
-    return import_library("verifiers", "verifiers", "verifiers environments")
+    vf = import_library("verifiers", "verifiers", "verifiers environments")
+    version = getattr(vf, "__version__", "unknown")
+    if version not in SUPPORTED_VERSIONS:
+        raise ValueError(f"verifiers {version} is installed; ludic_fast.agents.libraries.verifiers supports verifiers "
+                         f"{', '.join(SUPPORTED_VERSIONS)} (pip install 'verifiers=={SUPPORTED_VERSIONS[-1]}'; "
+                         "0.4's rollouts go through its v1 harness, not the classic environments driven here)")
+    return vf
 
 
 def _text(content: Any, what: str) -> str:
