@@ -250,6 +250,11 @@ def test_turn_and_token_limits(tok):
     (ep,) = run(EpisodeRunner(ScriptedSampler(tok, {"t": ["123456"]}), tok, limits=EpisodeLimits(max_new_tokens=3)),
                 [EpisodeJob(QuizEnv("t", "x"), 0)])
     assert (ep.status, ep.reason, ep.turns) == ("truncated", "turn_length", 1)
+    # a tool call cut there: the episode log shows what was written, marked cut (the parse leaves content "")
+    (ep,) = run(EpisodeRunner(ScriptedSampler(tok, {"t": [CALL]}), tok, limits=EpisodeLimits(max_new_tokens=30)),
+                [EpisodeJob(QuizEnv("t", "x"), 0)])
+    assert (ep.status, ep.reason, ep.tool_calls) == ("truncated", "turn_length", 0)
+    assert ep.to_record()["messages"][-1] == {"role": "assistant", "content": CALL[:30], "cut": True}
     with pytest.raises(ValueError, match="max_turns"):
         EpisodeLimits(max_turns=0)
 

@@ -14,7 +14,8 @@ observation and adds `format_penalty` to the turn's reward.
 Limits: `max_turns` model turns (None: the environment's `max_turns` attribute, else 8; then "truncated",
 reason "max_turns"), `max_tokens` in the whole episode (each turn may sample at most what is left; reason
 "max_tokens"), `max_new_tokens` per turn (a turn cut there without a stop token ends the episode: reason
-"turn_length"). An environment's own truncation has
+"turn_length"; its conversation message holds the cut text, an unfinished tool call included, and "cut": True).
+An environment's own truncation has
 reason "env". The sequence is built as `ludic_fast.agents.episode` describes: trained tokens are sampled
 tokens.
 """
@@ -291,6 +292,8 @@ class EpisodeRunner:
         parsed = self.parser(text) if s.parse_calls else ParsedTurn(text.strip(), [], [])
         turn = AssistantTurn(text, list(ids), parsed.calls, parsed.errors, parsed.content)
         assistant = turn.to_message()
+        if finish == "length":  # the episode ends here: the log keeps the cut text (a cut tool call included)
+            assistant = {"role": "assistant", "content": text.strip(), "cut": True}
         ep.messages.append(assistant)
         info: dict[str, Any] = {}
         runs_tools = bool(s.tools) and bool(parsed.calls or parsed.errors)  # the runner answers this turn's calls
