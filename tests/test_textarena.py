@@ -12,7 +12,7 @@ ta = pytest.importorskip("textarena", reason="textarena is not installed (pip in
 
 from ludic_fast.agents import EpisodeJob, EpisodeLimits, EpisodeRunner, episode_items  # noqa: E402
 from ludic_fast.agents.episode import render_ids  # noqa: E402
-from ludic_fast.agents.libraries.textarena import TextArenaEnv, make_env, random_legal_move  # noqa: E402
+from ludic_fast.agents.libraries.textarena import TextArenaEnv, make_env  # noqa: E402
 from ludic_fast.agents.protocol import AssistantTurn  # noqa: E402
 from ludic_fast.data.credit import EpisodicReturn  # noqa: E402
 from ludic_fast.embedded.tokenizer import ASCII_CHARACTERS, build_char_tokenizer  # noqa: E402
@@ -155,8 +155,6 @@ def test_demonstrations_bad_games_and_opponents():
     for k, m in enumerate(demo):  # each demonstrated move is one the game listed just before it
         if m["role"] == "assistant":
             assert f"'{m['content']}'" in demo[k - 1]["content"].splitlines()[-1]
-    with pytest.raises(ValueError, match="lists no available moves"):
-        random_legal_move("Enter your guess.", __import__("random").Random(0))
     with pytest.raises(ValueError, match="no game 'TicTacToe'; did you mean TicTacToe-v0"):
         TextArenaEnv("TicTacToe")
     with pytest.raises(ValueError, match=r"player_id must lie in \[0, 2\)"):
