@@ -285,3 +285,18 @@ def test_an_unsupported_verifiers_version_is_refused_in_one_line(monkeypatch, ve
     with pytest.raises(ValueError, match=rf"verifiers {version} is installed; .* supports verifiers 0\.3\.1") as exc:
         make_env(TOY, split="train")
     assert "\n" not in str(exc.value)
+
+
+def test_the_cli_refuses_an_unsupported_version_in_one_line(monkeypatch, capsys, tmp_path):
+    from ludic_fast.cli import main
+
+    monkeypatch.setattr(vf, "__version__", "0.4.0")
+    try:
+        code = main(["train", "--env", "ludic_fast.agents.libraries.verifiers:make_env", "--env-arg", f"env={TOY}",
+                     "--rl-steps", "1", "--output-dir", str(tmp_path)])
+    except SystemExit as exc:  # argparse's error exit
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code not in (0, None) and "verifiers 0.4.0 is installed" in err
+    assert [line for line in err.splitlines() if "verifiers 0.4.0" in line] == [err.splitlines()[-1]]
+    assert "Traceback" not in err
