@@ -32,8 +32,9 @@ under `torch.cuda.set_sync_debug_mode("warn")`; on the CPU every read of a tenso
 
 Writes `profile.md` (every path's phase table, host reads and top ops) and `profile.jsonl` (one record per run)
 into `--out`, rewritten the moment each run ends (a cut loses no finished run). `--seconds` bounds the whole
-script: each run gets the time left shared among the runs left, steps are cut to fit it, a run over it is
-stopped (an alarm in this process, a kill with `--isolate`) and reported as cut.
+script: each run may use the time left less 12 s for each run after it (at least its even share: the first run
+pays the imports and the kernels' compilation), steps are cut to fit it, a run over it is stopped (an alarm in
+this process, a kill with `--isolate`) and reported as cut; time a run leaves unused goes to the next.
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ from ludic_fast.benchmark.worker import RESULT_PREFIX  # noqa: E402
 from ludic_fast.engine.host_syncs import CudaSyncs, HostReads  # noqa: E402
 from ludic_fast.run.atomic_io import atomic_write_text  # noqa: E402
 
-DEFAULT_PATHS = ("ours-packed", "ours-padded", "ours-packed+kernels", "reference", "trl")
+#: the two the race is about first (a budget cut drops the last)
+DEFAULT_PATHS = ("ours-packed", "trl", "ours-packed+kernels", "trl+liger", "ours-padded", "reference")
+#: seconds kept for each run after the current one (module docstring)
+RESERVE_S = 12.0
 #: (row, labels summed): the table's phases
 PHASES = (("collation / host", ("step/collate",)), ("body forward", ("step/body_forward",)),
           ("head + loss", ()), ("backward", ("step/backward",)), ("clip", ("step/clip",)),
@@ -308,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     todo = [p for _ in range(args.runs) for p in args.paths.split(",")]
     records: list[dict] = []
     for i, path in enumerate(todo):
-        share = (end - time.monotonic()) / (len(todo) - i)
+        left, after = end - time.monotonic(), len(todo) - i - 1
+        share = max(left - RESERVE_S * after, left / (after + 1))
         if share <= 1.0:
             record = {"path": path, "skipped": "no time left (--seconds)"}
         else:

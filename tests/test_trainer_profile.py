@@ -109,3 +109,22 @@ def test_seconds_budget_stops_a_run_in_process(tmp_path, monkeypatch):
     assert saved[0]["skipped"] == "cut by --seconds after 2 s"
     assert saved[1]["skipped"] == "failed: ValueError: boom" and saved[1]["failed"]
     assert saved[2]["step_s"] == 0.5 and calls == ["ours-packed", "reference", "ours-padded"]
+
+
+def test_a_run_may_use_the_time_left_less_a_reserve_for_the_runs_after_it(tmp_path, monkeypatch):
+    """60 s for three quick runs: the first may use 60 - 2 x 12 = 36 s, the second 60 - 12 = 48 s (the first
+    left its time unused), the last all 60 s."""
+    bench = _bench()
+    record = {"path": "ours-packed", "steps": 1, "step_s": 0.5, "profiled_step_s": 0.6, "tokens": 8,
+              "host_ms": {}, "device_ms": {}, "device_busy_ms": None, "top": {},
+              "host_reads": {"kind": "host read (CPU)", "count": 0, "where": {}}}
+    shares = []
+
+    def run(cmd, timeout, **kw):
+        shares.append(timeout)
+        return subprocess.CompletedProcess(cmd, 0, bench.RESULT_PREFIX + json.dumps(record) + "\n", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    argv = ["--paths", "ours-packed,ours-padded,reference", "--seconds", "60", "--isolate", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    assert shares == [pytest.approx(36, abs=1), pytest.approx(48, abs=1), pytest.approx(60, abs=1)]
