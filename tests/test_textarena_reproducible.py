@@ -4,6 +4,7 @@ the global generators' states apart and gives code outside its blocks its own se
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 
@@ -12,20 +13,23 @@ import pytest
 
 ta = pytest.importorskip("textarena", reason="textarena is not installed (pip install 'ludic-fast[textarena]')")
 
+from ludic_fast.agents import EpisodeJob, EpisodeLimits, EpisodeRunner  # noqa: E402
 from ludic_fast.agents.libraries.textarena import TextArenaEnv, render  # noqa: E402
 from ludic_fast.agents.own_random import OwnRandomState  # noqa: E402
 from ludic_fast.agents.protocol import AssistantTurn  # noqa: E402
+from ludic_fast.embedded.tokenizer import ASCII_CHARACTERS, build_char_tokenizer  # noqa: E402
+from ludic_fast.rollout.sampler import Completion  # noqa: E402
 
 SEEDS = [11, 12, 13, 14, 15, 16]
 MOVES = ["[Hit]", "[Stand]", "[Hit]", "[Hit]", "[Stand]", "[Stand]", "[Hit]", "[Stand]"]
 
 
-def alone(seed: int) -> list[tuple[str | None, float]]:
+def alone(seed: int, moves: list[str] = MOVES) -> list[tuple[str | None, float]]:
     """textarena's own Blackjack, one game at a time: (observation or None at the end, reward) per move."""
     game = ta.make("Blackjack-v0-raw")
     game.reset(num_players=1, seed=seed)
     out: list[tuple[str | None, float]] = [(render(game.get_observation()[1], 0), 0.0)]
-    for m in MOVES:
+    for m in moves:
         done, _ = game.step(m)
         if done:
             out.append((None, float(game.close()[0][0])))
@@ -58,6 +62,39 @@ def test_concurrent_blackjack_episodes_equal_the_library_alone():
         t.join()
     assert got == expected
     assert len({str(v) for v in expected.values()}) == len(SEEDS)  # different seeds, different games
+
+
+class ScoreSampler:
+    """Hits below a score of 15 (read from the prompt's last "Score: n"), else stands; one call for the whole batch,
+    as the runner samples every live episode at once."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def generate(self, prompts, sampling, *, seed=None):
+        out = []
+        for p in prompts:
+            score = int(self.tok.decode(p).rsplit("Score: ", 1)[-1].split(")")[0])
+            ids = self.tok("[Hit]" if score < 15 else "[Stand]", add_special_tokens=False)["input_ids"]
+            ids.append(self.tok.eos_token_id)
+            out.append(Completion(list(p), ids, [-0.1] * len(ids), "stop"))
+        return out
+
+
+def test_runner_episodes_replay_in_textarena_alone():
+    """Eight Blackjack episodes played together by the runner (environment calls in its threads) equal
+    textarena alone given each episode's seed and the moves the episode made."""
+    tok = build_char_tokenizer(ASCII_CHARACTERS)
+    runner = EpisodeRunner(ScoreSampler(tok), tok,
+                           limits=EpisodeLimits(max_turns=12, max_tokens=100_000, max_new_tokens=10))
+    seeds = list(range(100, 108))
+    episodes = asyncio.run(runner.run([EpisodeJob(TextArenaEnv("Blackjack-v0"), seed=s) for s in seeds]))
+    for seed, ep in zip(seeds, episodes, strict=True):
+        assert ep.status in ("done", "truncated"), ep.error
+        moves = [step.action for step in ep.rollout.steps]
+        ours = [(ep.messages[0]["content"], 0.0)] + [
+            (step.next_obs[0]["content"] if step.next_obs else None, step.reward) for step in ep.rollout.steps]
+        assert ours == alone(seed, moves), seed
 
 
 def test_own_random_state_interleaved_equals_alone_and_leaves_the_outer_sequence():
