@@ -115,3 +115,15 @@ def test_own_random_state_interleaved_equals_alone_and_leaves_the_outer_sequence
     got_a, got_b = got_a + draws(sa), got_b + draws(sb)
     assert (got_a, got_b) == (expected_a, expected_b) and got_a != got_b
     assert [first, (random.random(), float(np.random.random()))] == outer
+
+
+def test_a_nested_block_of_the_same_state_keeps_its_draws():
+    flat, nested = OwnRandomState(3), OwnRandomState(3)
+    with flat:
+        expected = [random.random() for _ in range(3)]
+    with nested:
+        got = [random.random()]
+        with nested:
+            got.append(random.random())
+        got.append(random.random())
+    assert got == expected

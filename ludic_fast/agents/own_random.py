@@ -37,10 +37,13 @@ class OwnRandomState:
         random.setstate(saved)
         self._numpy: Any = None
         self._numpy_seed = random.Random(f"numpy:{seed}").getrandbits(32)
-        self._outer: list[tuple[Any, Any]] = []
+        self._outer: list[tuple[Any, Any] | None] = []
 
     def __enter__(self) -> OwnRandomState:
         GLOBAL_RANDOM_LOCK.acquire()
+        if self._outer:  # already installed (a nested block of this state): nothing to swap
+            self._outer.append(None)
+            return self
         nprand = _numpy_random()
         self._outer.append((random.getstate(), nprand.get_state() if nprand is not None else None))
         random.setstate(self._random)
@@ -53,7 +56,10 @@ class OwnRandomState:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
-            outer_random, outer_numpy = self._outer.pop()
+            outer = self._outer.pop()
+            if outer is None:
+                return
+            outer_random, outer_numpy = outer
             self._random = random.getstate()
             random.setstate(outer_random)
             nprand = _numpy_random()
