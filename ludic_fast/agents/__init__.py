@@ -6,6 +6,7 @@ episode: the token sequence built turn by turn from sampled ids (`ChatTokens`, `
 runner: `EpisodeRunner` (concurrent episodes, time limits, turn/token limits, failures isolated).
 items: episodes -> credit -> SAW items (one per step or per episode). rewards: `WeightedRewards`.
 source: `EnvBatchSource` (the trainer's batch source). envs: the embedded environments.
+selfplay: two-player games, both seats the policy (`SelfPlayRunner`) or one against a fixed opponent (`VersusEnv`).
 """
 
 from ludic_fast.agents.episode import ChatTokens, EpisodeTokens
@@ -13,11 +14,13 @@ from ludic_fast.agents.items import episode_items, trainable_groups
 from ludic_fast.agents.protocol import AssistantTurn, Env, Message, StepResult, ToolCall
 from ludic_fast.agents.rewards import WeightedRewards
 from ludic_fast.agents.runner import CallTimeout, Episode, EpisodeJob, EpisodeLimits, EpisodeRunner
+from ludic_fast.agents.selfplay import SelfPlayRunner, TwoPlayerGame, VersusEnv
 from ludic_fast.agents.source import EnvBatchSource
 from ludic_fast.agents.tools import HermesToolCallParser, Tool
 
 __all__ = [
     "AssistantTurn", "CallTimeout", "ChatTokens", "Env", "EnvBatchSource", "Episode", "EpisodeJob",
-    "EpisodeLimits", "EpisodeRunner", "EpisodeTokens", "HermesToolCallParser", "Message", "StepResult", "Tool",
-    "ToolCall", "WeightedRewards", "episode_items", "trainable_groups",
+    "EpisodeLimits", "EpisodeRunner", "EpisodeTokens", "HermesToolCallParser", "Message", "SelfPlayRunner",
+    "StepResult", "Tool", "ToolCall", "TwoPlayerGame", "VersusEnv", "WeightedRewards", "episode_items",
+    "trainable_groups",
 ]
