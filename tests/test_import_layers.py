@@ -184,3 +184,21 @@ def test_names_moved_to_break_the_circles_import_from_their_former_paths():
     for name in ("SamplingConfig", "Completion", "cut_at_eos", "Sampler"):
         assert getattr(sampler, name) is getattr(sampling, name)
     assert vllm_server.request_json is http.request_json
+
+
+#: ludic_fast.reference's public names before it was split into modules by family (head, tokens, ludic_losses,
+#: surrogate beside preference and divergence)
+REFERENCE_NAMES = (
+    "linear_divergence", "CPOLoss", "DPOLoss", "IPOLoss", "KTOLoss", "ORPOLoss", "SimPOLoss", "head_logits",
+    "logprobs_from_logits", "linear_logprobs", "linear_cross_entropy", "compute_token_logp", "compute_token_entropy",
+    "token_entropy", "compute_logp_action", "ReinforceLoss", "ReinforceBaselineLoss", "MaskedCausalLMCrossEntropyLoss",
+    "ClippedSurrogateLoss", "TokenClippedSurrogateLoss", "CISPOLoss", "TokenKLLoss", "KLLoss", "EntropyBonus",
+    "LossTerm", "CompositeLoss", "TokenSurrogateLoss", "ZVPCISPOLoss", "ScaleRLLoss", "SAPOLoss", "GSPOTokenLoss",
+)
+
+
+def test_the_reference_keeps_its_public_names():
+    import ludic_fast.reference as reference
+
+    assert sorted(reference.__all__) == sorted(REFERENCE_NAMES)
+    assert all(callable(getattr(reference, name)) for name in REFERENCE_NAMES)
