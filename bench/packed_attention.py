@@ -18,6 +18,11 @@ Paths (q `[1, heads, total, d]`, k / v `[1, kv_heads, total, d]`, sequences at `
                  setup the tile-built BlockMask replaces (its setup is timed on the CPU too)
   flash-varlen   flash_attn.flash_attn_varlen_func (when flash-attn is installed; CUDA, half precision)
 
+The last line (and the jsonl's last object, `{"rule": ...}`) is the rule's verdict: the path
+`packing.auto_attention` runs an sdpa model on for this device and dtype, the fastest library path measured
+(cost a layer: fwd+bwd + setup / --layers), and their ratio; a ratio above 1 says the rule's order is wrong at
+this shape.
+
 "setup" is the per-micro-batch work shared by every layer (masks, block masks, padding index), timed apart;
 "fwd+bwd" is one layer's attention forward and backward. CUDA: CUDA events, the median after warm-up (flex's
 compile is in its warm-up); CPU: perf_counter. Each path's error: max |out - ref| / max |ref| for the output
@@ -36,6 +41,7 @@ import math
 import statistics
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -278,6 +284,47 @@ def measure(path: str, lengths: list[int], args: argparse.Namespace, device: tor
     return row
 
 
+#: the library's exact packed paths and the attention implementation each runs under
+LIBRARY_PATHS = {"flash-varlen": "flash_attention_2", "flex": "flex_attention", "sdpa-nested": sdpa_varlen.SDPA_VARLEN,
+                 "sdpa-loop": sdpa_varlen.SDPA_VARLEN, "dense-mask": "sdpa"}
+
+
+class _SdpaModel(torch.nn.Module):
+    """A stand-in sdpa model for `packing.auto_attention`: it records the implementation the rule sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = types.SimpleNamespace(_attn_implementation="sdpa")
+
+    def set_attn_implementation(self, name: str) -> None:
+        self.config._attn_implementation = name
+
+
+def auto_choice(device: torch.device, dtype: torch.dtype) -> str:
+    """The bench path `packing.auto_attention` runs an sdpa model on (`device`, compute `dtype`; no window)."""
+    model = _SdpaModel()
+    half = dtype in (torch.float16, torch.bfloat16)
+    impl = packing.auto_attention(model, device, half=half) or "sdpa"
+    if impl == sdpa_varlen.SDPA_VARLEN:
+        nested = sdpa_varlen.nested_applies(torch.empty(1, 1, 1, 1, dtype=dtype, device=device), [1], None)
+        return "sdpa-nested" if nested else "sdpa-loop"
+    return next(path for path, name in LIBRARY_PATHS.items() if name == impl)
+
+
+def rule_verdict(rows: list[dict[str, Any]], auto: str, layers: int) -> dict[str, Any]:
+    """auto's path against the fastest measured library path, each costing fwd+bwd + setup / `layers` a layer
+    (the masks are built once per micro-batch and shared by the layers)."""
+    cost = {r["path"]: r["fwd_bwd_ms"] + r["setup_ms"] / layers for r in rows
+            if r["path"] in LIBRARY_PATHS and "fwd_bwd_ms" in r}
+    if not cost:
+        return {"auto": auto, "fastest": None}
+    fastest = min(cost, key=cost.__getitem__)
+    verdict = {"auto": auto, "fastest": fastest, "layer_ms": {k: round(v, 4) for k, v in cost.items()}}
+    if auto in cost:
+        verdict["auto_over_fastest"] = round(cost[auto] / cost[fastest], 3)
+    return verdict
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| path | setup ms | fwd+bwd ms (min-max) | x sdpa-loop | err out / dq / dk / dv |",
              "|---|---|---|---|---|"]
@@ -308,13 +355,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--seconds", type=float, default=30.0, help="total time budget, shared by the paths")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: torch's)")
-    p.add_argument("--out", type=Path, default=None, help="write the rows as jsonl here")
+    p.add_argument("--layers", type=int, default=24, help="decoder layers sharing one setup (the rule's cost)")
+    p.add_argument("--out", type=Path, default=None, help="write the rows (and last, the rule's verdict) as jsonl")
     args = p.parse_args(argv)
     paths = [x for x in args.paths.split(",") if x]
     bad = [x for x in paths if x not in PATHS]
     if bad:
         p.error(f"--paths: unknown {bad}; choose from {list(PATHS)}")
-    for name in ("heads", "kv_heads", "head_dim", "seqs", "max_len"):
+    for name in ("heads", "kv_heads", "head_dim", "seqs", "max_len", "layers"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.heads % args.kv_heads:
@@ -339,6 +387,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
           f"{args.seqs} sequences, total {sum(lengths)}, longest {max(lengths)}, "
           f"{time.perf_counter() - started:.1f} s")
     print(table(rows))
+    verdict = rule_verdict(rows, auto_choice(device, DTYPES[args.dtype]), args.layers)
+    if args.out is not None:
+        with args.out.open("a") as f:
+            f.write(json.dumps({"rule": verdict}) + "\n")
+    ratio = verdict.get("auto_over_fastest")
+    print(f"rule: auto runs {verdict['auto']}; fastest library path {verdict['fastest']} "
+          f"(fwd+bwd + setup/{args.layers} a layer); auto / fastest = {ratio if ratio is not None else 'unmeasured'}")
     return rows
 
 

@@ -117,7 +117,9 @@ def test_bench_rows_on_cpu(tmp_path):
     rows = bench.main(["--seqs", "3", "--max-len", "24", "--heads", "4", "--kv-heads", "2", "--head-dim", "8",
                        "--dtype", "fp32", "--seconds", "0.5", "--device", "cpu", "--out", str(out)])
     assert [r["path"] for r in rows] == list(bench.PATHS)
-    assert [json.loads(line)["path"] for line in out.read_text().splitlines()] == list(bench.PATHS)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["path"] for r in lines[:-1]] == list(bench.PATHS)
+    assert lines[-1]["rule"]["auto"] == "sdpa-loop" and lines[-1]["rule"]["fastest"] in CPU_PATHS
     for r in rows:
         if r["path"] in CPU_PATHS:
             assert r["fwd_bwd_ms"] > 0 and max(r["error"].values()) <= 1e-5, r
@@ -125,8 +127,29 @@ def test_bench_rows_on_cpu(tmp_path):
             assert "CUDA" in r["skipped"] or "CPU" in r["skipped"], r
 
 
-@pytest.mark.parametrize("argv", [["--paths", "dense-mask,nope"], ["--heads", "3", "--kv-heads", "2"],
-                                  ["--seconds", "0"], ["--seqs", "0"], ["--threads", "0"]])
+@pytest.mark.parametrize(("device", "dtype", "flash", "want"), [
+    ("cpu", torch.bfloat16, True, "sdpa-loop"), ("cuda", torch.bfloat16, False, "flex"),
+    ("cuda", torch.bfloat16, True, "flash-varlen"), ("cuda", torch.float32, True, "flex")])
+def test_the_verdict_names_the_path_auto_runs(monkeypatch, device, dtype, flash, want):
+    bench = _bench()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if flash else None) if name == "flash_attn" else real(name, *a))
+    assert bench.auto_choice(torch.device(device), dtype) == want
+
+
+def test_the_verdict_costs_setup_per_layer_and_compares_auto_with_the_fastest():
+    rows = [{"path": "flex", "fwd_bwd_ms": 1.0, "setup_ms": 24.0}, {"path": "sdpa-nested", "fwd_bwd_ms": 1.5,
+            "setup_ms": 0.0}, {"path": "padded-causal", "fwd_bwd_ms": 0.1, "setup_ms": 0.0},
+            {"path": "flash-varlen", "skipped": "flash-attn is not installed"}]
+    verdict = _bench().rule_verdict(rows, "flex", layers=24)  # flex: 1 + 24 / 24 = 2 ms a layer
+    assert verdict["fastest"] == "sdpa-nested" and verdict["auto_over_fastest"] == pytest.approx(2 / 1.5, abs=1e-3)
+    assert _bench().rule_verdict(rows, "flex", layers=240)["fastest"] == "flex"
+
+
+@pytest.mark.parametrize("argv", [["--paths", "dense-mask,nope"], ["--layers", "0"],
+                                  ["--heads", "3", "--kv-heads", "2"], ["--seconds", "0"], ["--seqs", "0"],
+                                  ["--threads", "0"]])
 def test_bench_refuses_bad_arguments(argv):
     with pytest.raises(SystemExit):
         _bench().main(argv)
