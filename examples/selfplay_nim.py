@@ -48,6 +48,7 @@ def main() -> None:
     p.add_argument("--seeds-per-batch", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--eval-games", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3, help="the self-play RL learning rate")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.manual_seed(args.seed)
@@ -80,7 +81,7 @@ def main() -> None:
                             seeds_per_batch=args.seeds_per_batch, group_size=args.group_size, seed=args.seed)
     rl = Trainer(
         model=model, algo=algo, batch_source=source, publisher=engine,
-        cfg=TrainerConfig(model_device="cpu", pad_token_id=tok, lr=1e-3, weight_decay=0.0, temperature=1.0,
+        cfg=TrainerConfig(model_device="cpu", pad_token_id=tok, lr=args.lr, weight_decay=0.0, temperature=1.0,
                           max_seq_len=256, micro_token_budget=8192),
         train_logger=PrintLogger(prefix="[self-play]", keys=["train/avg_total_reward", "train/loss",
                                                               "train/episode_truncated"]),

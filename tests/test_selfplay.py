@@ -48,10 +48,10 @@ def seven() -> NimGame:
 def test_nim_rules_by_hand():
     g = seven()
     g.reset(0)
-    assert (g.stones, g.to_move(), g.observation(0)) == (7, 0, "nim: 7 stones, take 1 or 2:")
+    assert (g.stones, g.to_move(), g.observation(0)) == (7, 0, "nim, take 1 or 2, pile 7:")
     for seat, move in [(0, "1"), (1, "2"), (0, "1"), (1, "1")]:
         g.play(seat, move)
-    assert (g.stones, g.done(), g.observation(0)) == (2, False, "they took 1, 2 left:")
+    assert (g.stones, g.done(), g.observation(0)) == (2, False, "they took 1, pile 2:")
     g.play(0, "2")
     assert g.done() and g.rewards() == (1.0, -1.0)
     g.reset(0)
@@ -78,8 +78,8 @@ def test_each_seat_is_its_own_token_exact_episode_with_its_own_reward():
         first = [m for m in ep.messages if m["role"] == "user"][:1]
         assert toks.ids[: toks.turns[0].start] == render_ids(TOK, first, tools=None, add_generation_prompt=True)
     # seat 1 was sent the pile after seat 0's move, then seat 0's next move and the pile
-    assert [m["content"] for m in ep1.messages if m["role"] == "user"] == ["they took 1, 6 left:",
-                                                                           "they took 1, 3 left:"]
+    assert [m["content"] for m in ep1.messages if m["role"] == "user"] == ["they took 1, pile 6:",
+                                                                           "they took 1, pile 3:"]
     items = episode_items([ep0, ep1], EpisodicReturn())
     assert [it.weight for it in items] == [1.0, -1.0]
 

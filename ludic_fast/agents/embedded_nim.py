@@ -6,8 +6,8 @@ takes more stones than are left, loses at once (the mover -1, the other +1). Aft
 the game is a draw (0, 0). Optimal play: take n mod 3 when it is not 0 (it leaves a multiple of 3); a player
 who does so from a pile that is not a multiple of 3 always wins, and wins most games against random moves.
 
-Each seat is sent one text per turn: the pile at its first turn ("nim: 7 stones, take 1 or 2:"), then the
-other player's move and the pile ("they took 2, 5 left:").
+Each seat is sent one text per turn: the pile at its first turn ("nim, take 1 or 2, pile 7:"), then the
+other player's move and the pile ("they took 2, pile 5:"); the pile comes last, next to the move it decides.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ class NimGame:
 
     def observation(self, seat: int) -> str:
         if self.last is None:
-            return f"nim: {self.stones} stones, take 1 or 2:"
-        return f"they took {self.last}, {self.stones} left:"
+            return f"nim, take 1 or 2, pile {self.stones}:"
+        return f"they took {self.last}, pile {self.stones}:"
 
     def legal_moves(self) -> list[str]:
         return [str(k) for k in (1, 2) if k <= self.stones]
