@@ -271,23 +271,34 @@ def test_packed_equals_padded_through_a_peft_lora_wrapper():
 def test_auto_attention_moves_eager_and_sdpa_to_flash_flex_or_sdpa_varlen():
     """The choice only (the model stays on the CPU here): on CPU an sdpa or eager model goes to sdpa_varlen; for
     CUDA to flex attention (flash-attention-2 first when flash-attn is installed and the compute is half
-    precision), to sdpa_varlen when a sliding window shorter than max_seq_len would bind flex's mask, and a
-    user's other choice is kept."""
+    precision), to sdpa_varlen when a sliding window shorter than max_seq_len would bind flex's mask or the head
+    dimension is below 16 (flex's CUDA kernel refuses it), and a user's other choice is kept."""
     flash = importlib.util.find_spec("flash_attn") is not None
     for attn in ("sdpa", "eager"):
         model = _model("llama", attn)
         assert auto_attention(model, "cpu", half=True) == SDPA_VARLEN == attention_implementation(model)
-    model = _model("llama", "sdpa")
+    model = _model("llama", "sdpa", head_dim=16)
     assert auto_attention(model, "cuda", half=False) == "flex_attention"
     assert attention_implementation(model) == "flex_attention"
     assert auto_attention(model, "cuda", half=False) is None  # not eager/sdpa any more: kept
     assert not use_sdpa_varlen(model) and attention_implementation(model) == "flex_attention"
-    half = _model("qwen2", "eager")
+    half = _model("qwen2", "eager", head_dim=16)
     assert auto_attention(half, "cuda", half=True) == ("flash_attention_2" if flash else "flex_attention")
-    windowed = _model("qwen2", "sdpa", **WINDOW)
+    windowed = _model("qwen2", "sdpa", head_dim=16, **WINDOW)
     assert auto_attention(windowed, "cuda", half=False, max_seq_len=8) == "flex_attention"
-    windowed = _model("qwen2", "sdpa", **WINDOW)
+    windowed = _model("qwen2", "sdpa", head_dim=16, **WINDOW)
     assert auto_attention(windowed, "cuda", half=False, max_seq_len=16) == SDPA_VARLEN
+    narrow = _model("qwen2", "sdpa")  # head_dim 32 / 4 = 8
+    assert auto_attention(narrow, "cuda", half=False) == SDPA_VARLEN
+
+
+def test_flex_on_cuda_with_a_head_dimension_below_16_is_refused():
+    """Flex attention's CUDA kernel (Triton, tl.dot) refuses head dimensions below 16; resolving names it rather
+    than letting the compile fail inside the first forward. On the CPU (forward only) it runs."""
+    with pytest.raises(PackedAttentionError, match="head dimensions \\[8\\]"):
+        resolve_packed_attention(_model("llama", "flex_attention"), device="cuda", training=False)
+    assert resolve_packed_attention(_model("llama", "flex_attention", head_dim=16), device="cuda").path == "flex"
+    assert resolve_packed_attention(_model("llama", "flex_attention"), device="cpu", training=False).path == "flex"
 
 
 def test_auto_attention_keeps_softcapped_models_on_the_dense_mask():

@@ -151,6 +151,26 @@ def _dense_mask(doc: Tensor, dtype: torch.dtype | None) -> Tensor:
 
 #: flex attention's default tile (torch.nn.attention.flex_attention._DEFAULT_SPARSE_BLOCK_SIZE)
 FLEX_BLOCK = 128
+#: the smallest head dimension flex attention's CUDA (Triton) kernel takes: its tl.dot needs >= 16; PyTorch's
+#: lowering raises NotImplementedError ("NYI: embedding dimension ... at least 16") below it
+FLEX_CUDA_MIN_HEAD_DIM = 16
+
+
+def _head_dims(config: Any) -> list[int]:
+    """The attention head dimensions of a transformers config: `head_dim` (else hidden_size / heads) and, where
+    the value heads differ, `v_head_dim`."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    head_dim = getattr(text, "head_dim", None)
+    heads, hidden = getattr(text, "num_attention_heads", None), getattr(text, "hidden_size", None)
+    if not isinstance(head_dim, int) and isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+        head_dim = hidden // heads
+    dims = [head_dim, getattr(text, "v_head_dim", None)]
+    return [d for d in dims if isinstance(d, int)]
+
+
+def flex_runs_on_cuda(config: Any) -> bool:
+    """Whether flex attention's CUDA kernel takes the model's head dimensions (all >= FLEX_CUDA_MIN_HEAD_DIM)."""
+    return all(d >= FLEX_CUDA_MIN_HEAD_DIM for d in _head_dims(config))
 
 
 def _ordered(blocks: Tensor) -> tuple[Tensor, Tensor]:
@@ -193,7 +213,8 @@ def auto_attention(model: nn.Module, device: torch.device | str, *, half: bool, 
                    ) -> str | None:
     """Switch an eager / sdpa model to the packed implementation that skips masked work. On CUDA:
     `flash_attention_2` when flash-attn is installed and the compute dtype is half (`half`), else
-    `flex_attention` (not for a sliding window shorter than `max_seq_len`: its BlockMask here is full causal);
+    `flex_attention` (not for a sliding window shorter than `max_seq_len`: its BlockMask here is full causal;
+    not for a head dimension below 16, which flex's CUDA kernel refuses);
     on CPU, or when neither applies, `SDPA_VARLEN` (`integrations.sdpa_varlen`: one jagged SDPA call on CUDA in
     half precision, one call per sequence otherwise) unless the model soft-caps its attention logits or has
     attention sinks (it then keeps the dense mask). bench/packed_attention.py times these kernels. Returns the
@@ -208,7 +229,7 @@ def auto_attention(model: nn.Module, device: torch.device | str, *, half: bool, 
         if half and importlib.util.find_spec("flash_attn") is not None:
             candidates.append("flash_attention_2")
         window = _limited_window(lm.config)
-        if window is None or (max_seq_len is not None and max_seq_len <= window):
+        if flex_runs_on_cuda(lm.config) and (window is None or (max_seq_len is not None and max_seq_len <= window)):
             candidates.append("flex_attention")
     if not _has_softcap_or_sinks(lm):
         candidates.append(SDPA_VARLEN)
@@ -257,7 +278,8 @@ def resolve_packed_attention(
 
     Raises `PackedAttentionError` where packing cannot be exact: no transformers attention implementation
     (auto), an implementation other than eager / sdpa / flex_attention / flash_attention_*, flex attention
-    when training on CPU (PyTorch has no flex backward there), a forced path the implementation does not take,
+    when training on CPU (PyTorch has no flex backward there) or on CUDA with a head dimension below 16 (its
+    kernel refuses it), a forced path the implementation does not take,
     or a sliding-window / chunked-attention model (mask and flex paths; chunked only on sdpa_varlen, which
     applies sliding windows per sequence) whose window is shorter than `max_seq_len` (with shorter sequences
     the window never binds)."""
@@ -276,6 +298,13 @@ def resolve_packed_attention(
             "use attn_implementation='sdpa' or 'eager' there (the trainer then attends each sequence on its own)"
         )
     config = getattr(unwrap_model(model), "config", None)
+    on_cuda = torch.device(device).type == "cuda"
+    if chosen == "flex" and on_cuda and config is not None and not flex_runs_on_cuda(config):
+        raise PackedAttentionError(
+            f"flex_attention on CUDA: head dimensions {_head_dims(config)}; flex attention's CUDA kernel needs "
+            f">= {FLEX_CUDA_MIN_HEAD_DIM}. Use attn_implementation='sdpa' (the trainer then attends each sequence "
+            "on its own)"
+        )
     window = _limited_window(config, sliding=chosen != "sdpa_varlen") if config is not None else None
     binds = window is not None and (max_seq_len is None or max_seq_len > window)
     if binds and chosen in ("mask", "flex", "sdpa_varlen"):
