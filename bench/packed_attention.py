@@ -181,13 +181,15 @@ def _flash_varlen():
     return setup, run
 
 
-def unavailable(path: str, device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why `path` cannot run fwd+bwd on `device` in `dtype`, or None."""
+def unavailable(path: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why `path` cannot run fwd+bwd on `device` in `dtype` at `head_dim`, or None."""
     half = dtype in (torch.float16, torch.bfloat16)
     if path == "sdpa-nested" and not (device.type == "cuda" and half):
         return "jagged SDPA is causal only in the CUDA half-precision kernels"
     if path.startswith("flex") and device.type != "cuda":
         return "flex attention has no backward on CPU"
+    if path.startswith("flex") and head_dim < packing.FLEX_CUDA_MIN_HEAD_DIM:
+        return f"flex attention's CUDA kernel needs head_dim >= {packing.FLEX_CUDA_MIN_HEAD_DIM}"
     if path == "flash-varlen" and not (device.type == "cuda" and half):
         return "flash-attn: CUDA, half precision"
     if path == "flash-varlen" and importlib.util.find_spec("flash_attn") is None:
@@ -260,7 +262,7 @@ def measure(path: str, lengths: list[int], args: argparse.Namespace, device: tor
     dtype = DTYPES[args.dtype]
     row: dict[str, Any] = {"path": path, "device": device.type, "dtype": args.dtype, "seqs": len(lengths),
                            "total": sum(lengths), "longest": max(lengths)}
-    reason = unavailable(path, device, dtype)
+    reason = unavailable(path, device, dtype, args.head_dim)
     cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
     if reason is not None:
         if path.startswith("flex"):  # the BlockMask builds on any device
@@ -292,21 +294,23 @@ LIBRARY_PATHS = {"flash-varlen": "flash_attention_2", "flex": "flex_attention", 
 class _SdpaModel(torch.nn.Module):
     """A stand-in sdpa model for `packing.auto_attention`: it records the implementation the rule sets."""
 
-    def __init__(self) -> None:
+    def __init__(self, head_dim: int) -> None:
         super().__init__()
-        self.config = types.SimpleNamespace(_attn_implementation="sdpa")
+        self.config = types.SimpleNamespace(_attn_implementation="sdpa", head_dim=head_dim)
 
     def set_attn_implementation(self, name: str) -> None:
         self.config._attn_implementation = name
 
 
-def auto_choice(device: torch.device, dtype: torch.dtype) -> str:
-    """The bench path `packing.auto_attention` runs an sdpa model on (`device`, compute `dtype`; no window)."""
-    model = _SdpaModel()
+def auto_choice(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    """The bench path `packing.auto_attention` runs an sdpa model on (`device`, compute `dtype`, `head_dim`;
+    no window)."""
+    model = _SdpaModel(head_dim)
     half = dtype in (torch.float16, torch.bfloat16)
     impl = packing.auto_attention(model, device, half=half) or "sdpa"
     if impl == sdpa_varlen.SDPA_VARLEN:
-        nested = sdpa_varlen.nested_applies(torch.empty(1, 1, 1, 1, dtype=dtype, device=device), [1], None)
+        query = types.SimpleNamespace(is_cuda=device.type == "cuda", device=device, dtype=dtype)  # no allocation
+        nested = sdpa_varlen.nested_applies(query, [1], None)
         return "sdpa-nested" if nested else "sdpa-loop"
     return next(path for path, name in LIBRARY_PATHS.items() if name == impl)
 
@@ -387,7 +391,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
           f"{args.seqs} sequences, total {sum(lengths)}, longest {max(lengths)}, "
           f"{time.perf_counter() - started:.1f} s")
     print(table(rows))
-    verdict = rule_verdict(rows, auto_choice(device, DTYPES[args.dtype]), args.layers)
+    verdict = rule_verdict(rows, auto_choice(device, DTYPES[args.dtype], args.head_dim), args.layers)
     if args.out is not None:
         with args.out.open("a") as f:
             f.write(json.dumps({"rule": verdict}) + "\n")

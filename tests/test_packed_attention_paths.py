@@ -42,7 +42,7 @@ CPU_PATHS = ["padded-causal", "padded-mask", "dense-mask", "sdpa-loop"]
 @pytest.mark.parametrize("path", CPU_PATHS)
 def test_path_equals_float64_attention(path):
     bench = _bench()
-    assert bench.unavailable(path, torch.device("cpu"), torch.float32) is None
+    assert bench.unavailable(path, torch.device("cpu"), torch.float32, HEAD_DIM) is None
     setup, run = bench.make_path(path, bench.Layer(HEADS, KV_HEADS))
     cu, (q, k, v, grad) = _case(bench)
     errors = bench.errors(run, setup(cu, torch.device("cpu")), q, k, v, grad, LENGTHS)
@@ -130,12 +130,18 @@ def test_bench_rows_on_cpu(tmp_path):
 @pytest.mark.parametrize(("device", "dtype", "flash", "want"), [
     ("cpu", torch.bfloat16, True, "sdpa-loop"), ("cuda", torch.bfloat16, False, "flex"),
     ("cuda", torch.bfloat16, True, "flash-varlen"), ("cuda", torch.float32, True, "flex")])
-def test_the_verdict_names_the_path_auto_runs(monkeypatch, device, dtype, flash, want):
+@pytest.mark.parametrize("head_dim", [8, 64])
+def test_the_verdict_names_the_path_auto_runs(monkeypatch, device, dtype, flash, want, head_dim):
+    """Flex's CUDA kernel takes head_dim >= 16: below it auto runs the jagged SDPA path (CUDA, half) or the loop."""
+    if want == "flex" and head_dim < 16:
+        want = "sdpa-nested" if dtype == torch.bfloat16 else "sdpa-loop"
     bench = _bench()
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: (object() if flash else None) if name == "flash_attn" else real(name, *a))
-    assert bench.auto_choice(torch.device(device), dtype) == want
+    assert bench.auto_choice(torch.device(device), dtype, head_dim) == want
+    reason = bench.unavailable("flex", torch.device("cuda"), torch.bfloat16, head_dim)
+    assert (reason is None) == (head_dim >= 16)
 
 
 def test_the_verdict_costs_setup_per_layer_and_compares_auto_with_the_fastest():
