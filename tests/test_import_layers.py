@@ -202,3 +202,28 @@ def test_the_reference_keeps_its_public_names():
 
     assert sorted(reference.__all__) == sorted(REFERENCE_NAMES)
     assert all(callable(getattr(reference, name)) for name in REFERENCE_NAMES)
+
+
+#: where each name `ludic_fast.cli.train` defined went when it was split by job (parsing, the task and the input
+#: checks, the SFT and RL phases, the summary); examples/pipeline_rl, bench/ and the tests import them from cli.train
+TRAIN_SPLIT = {
+    "train_parser": ("build_parser", "samplers_epilog"),
+    "train_task": ("build_task", "eval_on_train", "reasoning_gym_cli_task", "describe_eval", "RG_PREFIX", "prepare"),
+    "train_phases": ("build_engine", "build_sampler", "vllm_model_dir", "VLLM_DTYPES", "run_sft", "make_algorithm",
+                     "build_rollout_source", "run_rl"),
+    "train_summary": ("summarize", "summary_line"),
+}
+
+
+def test_the_train_command_keeps_its_names():
+    import importlib
+
+    from ludic_fast.cli import train
+
+    for module, names in TRAIN_SPLIT.items():
+        home = importlib.import_module(f"ludic_fast.cli.{module}")
+        for name in names:
+            assert getattr(train, name) is getattr(home, name), name
+            assert name in train.__all__, name
+    assert train.build_parser("ludic-fast train").description == importlib.import_module(
+        "ludic_fast.cli.train_parser").__doc__  # --help reads as before the split
