@@ -26,7 +26,10 @@ step in trainer_e2e carries the same ones), per step, host time (the CPU span of
 
 On CUDA each phase also has its device span (the profiler's GPU-side range of the label, where it reports
 one), and the step its device busy time (the sum of its kernels' times) beside the wall time: a wall time well
-above the busy time is a step the host holds back. Host reads: on CUDA every synchronising call torch reports
+above the busy time is a step the host holds back. The aten ops per step (and on CUDA the device events per
+step) count the work the host dispatches, each op a few microseconds of host time on a GPU.
+
+Host reads: on CUDA every synchronising call torch reports
 under `torch.cuda.set_sync_debug_mode("warn")`; on the CPU every read of a tensor's value
 (`ludic_fast.engine.host_syncs`), with where it happens.
 
@@ -157,7 +160,9 @@ def _phases(prof, steps: int, cuda: bool) -> dict:
         table = device if on_device else host
         table[evt.name] = table.get(evt.name, 0.0) + ms
     busy = sum(e.self_device_time_total for e in _device_events(prof)) / 1e3 / steps if cuda else None
-    return {"host_ms": host, "device_ms": device, "device_busy_ms": busy}
+    ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")) / steps
+    kernels = sum(e.count for e in _device_events(prof)) / steps if cuda else None
+    return {"host_ms": host, "device_ms": device, "device_busy_ms": busy, "aten_ops": ops, "device_events": kernels}
 
 
 def _device_events(prof) -> list:
@@ -226,6 +231,11 @@ def markdown(args: argparse.Namespace, records: list[dict]) -> str:
         if args.device == "cuda":
             lines.append("| device busy (kernels) | " + " | ".join(
                 _spread([r["device_busy_ms"] for r in done[p]]) for p in ran) + " |")
+        lines.append("| aten ops per step (each may launch kernels) | " + " | ".join(
+            _spread([r.get("aten_ops") for r in done[p]], "{:.0f}") for p in ran) + " |")
+        if args.device == "cuda":
+            lines.append("| device events (kernels, copies) per step | " + " | ".join(
+                _spread([r.get("device_events") for r in done[p]], "{:.0f}") for p in ran) + " |")
         lines.append("| host reads in the step | " + " | ".join(
             _spread([float(r["host_reads"]["count"]) for r in done[p]], "{:.0f}") for p in ran) + " |")
     for p in paths:

@@ -39,10 +39,11 @@ def test_tiny_cpu_profile(tmp_path):
         assert ours[phase] > 0, phase
     assert trl["collation / host"] is None and trl["host read"] is None and trl["stats / logging"] is None
     assert trl["body forward"] > 0 and trl["head + loss"] > 0 and trl["optimizer"] > 0
+    assert all(r["aten_ops"] > 0 and r["device_events"] is None for r in records)
     engine_reads = [w for w in records[0]["host_reads"]["where"] if "ludic_fast/engine/" in w]
     assert engine_reads == [next(w for w in engine_reads if "read_step_values" in w)]
     table = (tmp_path / "profile.md").read_text()
-    assert "| collation / host | " in table and " – |" in table and "## trl" in table
+    assert "| collation / host | " in table and "| aten ops per step" in table and " – |" in table and "## trl" in table
     assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.jsonl", "profile.md"]
 
 
