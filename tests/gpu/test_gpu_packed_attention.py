@@ -17,6 +17,7 @@ from _gpu import CUDA_ONLY, on
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "packed_attention.py"
 LENGTHS = [5, 1, 300, 128, 64, 17]
 K = 4.0
+HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64
 FLASH = importlib.util.find_spec("flash_attn") is not None
 
 
@@ -29,9 +30,9 @@ def _bench():
 
 
 def _errors(bench, path: str, device: torch.device) -> dict[str, float]:
-    setup, run = bench.make_path(path, bench.Layer(14, 2))
+    setup, run = bench.make_path(path, bench.Layer(HEADS, KV_HEADS))
     cu = [0, *torch.tensor(LENGTHS).cumsum(0).tolist()]
-    q, k, v, grad = bench.inputs(LENGTHS, 14, 2, 64, torch.bfloat16, device, seed=1)
+    q, k, v, grad = bench.inputs(LENGTHS, HEADS, KV_HEADS, HEAD_DIM, torch.bfloat16, device, seed=1)
     return bench.errors(run, setup(cu, device), q, k, v, grad, LENGTHS)
 
 
@@ -47,7 +48,7 @@ PATHS = [
 def test_path_within_k_times_padded_sdpa_rounding(device, path):
     torch._dynamo.reset()
     bench, dev = _bench(), torch.device(device)
-    assert bench.unavailable(path, dev, torch.bfloat16) is None
+    assert bench.unavailable(path, dev, torch.bfloat16, HEAD_DIM) is None
     got, noise = _errors(bench, path, dev), _errors(bench, "padded-causal", dev)
     assert all(noise[n] > 0 for n in noise), noise  # bf16 rounding is there to measure
     bad = {n: (got[n], noise[n]) for n in got if not got[n] <= K * noise[n]}
