@@ -162,7 +162,27 @@ def _phases(prof, steps: int, cuda: bool) -> dict:
     busy = sum(e.self_device_time_total for e in _device_events(prof)) / 1e3 / steps if cuda else None
     ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")) / steps
     kernels = sum(e.count for e in _device_events(prof)) / steps if cuda else None
-    return {"host_ms": host, "device_ms": device, "device_busy_ms": busy, "aten_ops": ops, "device_events": kernels}
+    return {"host_ms": host, "device_ms": device, "device_busy_ms": busy, "aten_ops": ops, "device_events": kernels,
+            "top_level_ops": _ops_by_label(prof, steps)}
+
+
+def _ops_by_label(prof, steps: int) -> dict[str, float]:
+    """Per step, the aten ops called from Python (no aten op above them), by the innermost step/ label around
+    them ("(none)": outside every label)."""
+    out: dict[str, float] = {}
+    for evt in prof.events():
+        if not evt.name.startswith("aten::") or evt.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        label, parent = "(none)", evt.cpu_parent
+        while parent is not None:
+            if parent.name.startswith("aten::"):
+                break
+            if label == "(none)" and parent.name.startswith("step/"):
+                label = parent.name
+            parent = parent.cpu_parent
+        if parent is None:
+            out[label] = out.get(label, 0.0) + 1 / steps
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def _device_events(prof) -> list:
@@ -245,6 +265,9 @@ def markdown(args: argparse.Namespace, records: list[dict]) -> str:
         last = done[p][-1]
         lines += ["", f"## {p}", "", f"{last['host_reads']['kind']}: {last['host_reads']['count']} in one step"]
         lines += [f"- {n} × {w}" for w, n in last["host_reads"]["where"].items()]
+        if last.get("top_level_ops"):
+            lines += ["", "aten ops called from Python, per step, by label: " + ", ".join(
+                f"{k} {v:.0f}" for k, v in last["top_level_ops"].items())]
         if last["device_ms"]:
             lines += ["", "device span per label (ms per step): " + ", ".join(
                 f"{k} {v:.2f}" for k, v in sorted(last["device_ms"].items()))]

@@ -40,6 +40,8 @@ def test_tiny_cpu_profile(tmp_path):
     assert trl["collation / host"] is None and trl["host read"] is None and trl["stats / logging"] is None
     assert trl["body forward"] > 0 and trl["head + loss"] > 0 and trl["optimizer"] > 0
     assert all(r["aten_ops"] > 0 and r["device_events"] is None for r in records)
+    assert records[0]["top_level_ops"]["step/collate"] > 0 and "step/collate" not in records[1]["top_level_ops"]
+    assert sum(records[0]["top_level_ops"].values()) < records[0]["aten_ops"]  # nested ops are not counted
     engine_reads = [w for w in records[0]["host_reads"]["where"] if "ludic_fast/engine/" in w]
     assert engine_reads == [next(w for w in engine_reads if "read_step_values" in w)]
     table = (tmp_path / "profile.md").read_text()
