@@ -24,7 +24,7 @@ from ludic_fast.agents.embedded_nim import NimGame
 from ludic_fast.agents.episode import ChatTokens, demonstration_tokens
 from ludic_fast.agents.selfplay import SelfPlayRunner, VersusEnv
 from ludic_fast.agents.source import EnvEvaluator
-from ludic_fast.algorithm import make_cispo, make_sft
+from ludic_fast.algorithm import make_cispo, make_grpo, make_sft
 from ludic_fast.data.types import SAWItem
 from ludic_fast.embedded import build_char_tokenizer, build_tiny_model
 from ludic_fast.rollout import DatasetBatchSource, HFSampler, SamplingConfig
@@ -49,6 +49,7 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--eval-games", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3, help="the self-play RL learning rate")
+    p.add_argument("--algo", choices=("cispo", "grpo"), default="cispo", help="the RL preset")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.manual_seed(args.seed)
@@ -74,7 +75,7 @@ def main() -> None:
     engine = HFSampler(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     before = evaluate(engine, tok, args.eval_games)
 
-    algo = make_cispo(group_size=args.group_size)
+    algo = (make_cispo if args.algo == "cispo" else make_grpo)(group_size=args.group_size)
     runner = SelfPlayRunner(engine, tok, sampling=SamplingConfig(temperature=1.0, max_new_tokens=3), max_tokens=256,
                             max_new_tokens=3)
     source = EnvBatchSource(make_env=NimGame, runner=runner, credit_assigner=algo.credit_assigner,
