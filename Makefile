@@ -119,10 +119,12 @@ demo: $(STAMP)
 # Once .venv is built, the other venvs build in the background (mostly downloads; log in build/venvs.log) while
 # the unit suite runs: triton 3.6's (small) beside verl's, then vLLM's. Every stage runs even after one fails,
 # each prints its time, and make test fails if any did. The interpreter suite runs whole on triton 3.6 (the GPU
-# image's, the floor) and as a smoke on .venv's triton (INTERPRET_SMOKE): the kernels have no version branches,
-# and the unit suite compiles every kernel on .venv's triton (tests/test_kernel_compile.py) as the triton 3.6
-# stage does.
-INTERPRET_SMOKE ?= tests/interpret/test_launch_device.py
+# image's, the floor) and as a smoke on .venv's triton (INTERPRET_SMOKE: all five launchers, and the head
+# gradient and the divergence kernel against the float64 reference): the kernels have no version branches, and
+# the unit suite compiles every kernel on .venv's triton (tests/test_kernel_compile.py) as the triton 3.6 stage does.
+INTERPRET_SMOKE ?= tests/interpret/test_launch_device.py \
+  tests/interpret/test_head_numerics_kernels.py::test_target_id_zero_gets_its_logprob_gradient \
+  tests/interpret/test_divergence_rows.py::test_row_maximum_in_the_tail_block_and_target_zero
 # make's own name hidden from the recipe, so that `make -n test` prints it instead of running the venv builds
 SUBMAKE = $(MAKE) --no-print-directory
 test: SHELL := /bin/bash
