@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWItem
 
@@ -17,11 +17,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "trainer_e2e.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("trainer_e2e", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("trainer_e2e", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "trainer_e2e")
 
 
 def test_trl_inputs_layout():

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _scripts import load_script
 
 from ludic_fast.integrations import sdpa_varlen
 
@@ -24,11 +24,7 @@ HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("packed_attention_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("packed_attention_bench", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "packed_attention_bench")
 
 
 def _case(bench, dtype=torch.float32):

@@ -11,16 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "trainer_profile.py"
 
 
 def _bench():
-    sys.path.insert(0, str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("trainer_profile", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(BENCH.parent))  # the script imports trainer_e2e beside it
+    return load_script(BENCH, "trainer_profile")
 
 
 TINY = ["--vocab", "256", "--hidden", "32", "--layers", "1", "--seqs", "4", "--seq-len", "24", "--steps", "1",

@@ -7,12 +7,12 @@ the jagged one-call path, flex, flash-attn varlen when installed; CPU: the paths
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from _gpu import CUDA_ONLY, on
+from _scripts import load_script
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "packed_attention.py"
 LENGTHS = [5, 1, 300, 128, 64, 17]
@@ -22,11 +22,7 @@ FLASH = importlib.util.find_spec("flash_attn") is not None
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("packed_attention_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("packed_attention_bench", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "packed_attention_bench")
 
 
 def _errors(bench, path: str, device: torch.device) -> dict[str, float]:
