@@ -136,13 +136,15 @@ def keep_records_for_resume(path: str | os.PathLike[str], *, phases: Sequence[st
     if step is None:
         raise ValueError("step: a resumed phase needs its checkpoint's step")
     order = {phase: k for k, phase in enumerate(phases)}
-    if path.exists():
-        untagged = [r for r in read_jsonl(path) if r.get("phase") not in order]
-        if untagged:
-            raise ValueError(f"{path}: a record of phase {untagged[0].get('phase')!r}, not one of {list(phases)}: "
-                             "cannot tell whether a resume keeps it")
     here = order[resumed]
-    keep_jsonl_records(path, lambda r: order[r["phase"]] < here or (order[r["phase"]] == here and r["step"] <= step))
+
+    def keep(record: dict[str, Any]) -> bool:
+        if record.get("phase") not in order:  # raised before the file is rewritten: it stays as it was
+            raise ValueError(f"{path}: a record of phase {record.get('phase')!r}, not one of {list(phases)}: "
+                             "cannot tell whether a resume keeps it")
+        return order[record["phase"]] < here or (order[record["phase"]] == here and record["step"] <= step)
+
+    keep_jsonl_records(path, keep)
 
 
 class TeeLogger:
