@@ -43,8 +43,9 @@ def _merge_first_two(model_inputs):
     """A planted bug: sequences 0 and 1 of every packed micro-batch run as one (1 attends 0)."""
 
     def leaky(self, batch):
-        cu = batch["cu_seqlens"]
-        return model_inputs(self, {**batch, "cu_seqlens": torch.cat([cu[:1], cu[2:]]) if cu.numel() > 2 else cu})
+        merged = {k: torch.cat([cu[:1], cu[2:]]) if cu.numel() > 2 else cu
+                  for k, cu in batch.items() if k in ("cu_seqlens", "cu_seqlens_host")}  # and its host copy
+        return model_inputs(self, {**batch, **merged})
 
     return leaky
 

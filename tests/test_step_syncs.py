@@ -1,43 +1,55 @@
 """The engine step's host reads (each a host-device synchronisation on CUDA) and the exactness of its speed
-changes: one host read in the step's own code (`engine.step_parts.read_step_values`), counted on the CPU by
-`engine.host_syncs.HostReads`; AdamW fused, clipping multi-tensor, the stats read in that one transfer — the
-parameters after a step and the logged values equal, bit for bit, those of torch's AdamW (fused) and per-parameter
-clipping with the stats read as before. That the fused AdamW equals torch's per-parameter loop to rounding is
-tests/gpu/test_gpu_step.py's, on the CPU and on CUDA."""
+changes: one host read in the step's own code (`engine.step_parts.read_step_values`, which also reads the stats:
+`aggregate_stats` then reads nothing), counted on the CPU by `engine.host_syncs.HostReads`; elsewhere one read per
+micro-batch each for the loss's input check and its action selection, and on the packed path one read of the
+sequence bounds from their host copy per micro-batch (not per layer, none of the device copy, no mask check);
+AdamW fused, clipping multi-tensor, the stats read in that one transfer — the parameters after a step and the
+logged values equal, bit for bit, those of torch's AdamW (fused) and per-parameter clipping with the stats read as
+before. That the fused AdamW equals torch's per-parameter loop to rounding is tests/gpu/test_gpu_step.py's, on the
+CPU and on CUDA."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import os
 
 import pytest
 import torch
-from _trainer_fixtures import ListSource, make_items, tiny_model
+from _trainer_fixtures import SMALL, TOKENIZER, ListSource, make_items
 
 from ludic_fast.algorithm import make_cispo
+from ludic_fast.data.batching import collate_packed
 from ludic_fast.data.types import SAWBatch
+from ludic_fast.embedded import build_tiny_model
 from ludic_fast.engine.host_syncs import HostReads
 from ludic_fast.engine.step_parts import grad_norm_and_clip, make_adamw, read_step_values
-from ludic_fast.run.stats import group_log_stats
+from ludic_fast.integrations.packing import PackedAttention
+from ludic_fast.run.stats import SUM_KEYS, aggregate_stats, group_log_stats
 from ludic_fast.trainer import Trainer, TrainerConfig
 
 #: the step's own code: the engine, the objective, the stats
 OWN = (f"ludic_fast{os.sep}engine{os.sep}", f"ludic_fast{os.sep}objectives{os.sep}", f"ludic_fast{os.sep}run{os.sep}")
-#: its reads, (kind, file, function): the one transfer of the step's values, and `aggregate_stats`' read of the
-#: host tensors it reduces the already-read stats in (a host tensor: no synchronisation on any device)
-OWN_READS = [("to host", "ludic_fast/engine/step_parts.py", "read_step_values"),
-             ("to host", "ludic_fast/run/stats.py", "_to_float_dict")]
-#: reads elsewhere in ludic_fast that the step reaches (the loss's input checks and action selection, the
-#: packed path's sequence bounds): at most these many per micro-batch, by layout
-OTHER_READS = {"padded": 2, "packed": 3}
+#: its one read: the transfer of the step's values (the stats among them)
+OWN_READS = [("to host", "ludic_fast/engine/step_parts.py", "read_step_values")]
+#: the reads elsewhere in ludic_fast that the step reaches, each once per micro-batch, by layout: the loss's
+#: input check (one read of its flags), its action selection (nonzero) and, packed, the sequence bounds that
+#: the per-sequence attention reads from the batch's host copy of cu_seqlens once per forward
+PER_MICRO_BATCH = {"padded": [("scalar", "ludic_fast/_common.py", "validate_head_inputs"),
+                              ("data-dependent shape", "ludic_fast/token_batch.py", "from_batch")]}
+PER_MICRO_BATCH["packed"] = [*PER_MICRO_BATCH["padded"],
+                             ("to host", "ludic_fast/integrations/sdpa_varlen.py", "_bounds")]
+#: layers of the step tests' model: a read made once per layer shows as a multiple of the micro-batches
+LAYERS = 3
 
 
 def _trainer(layout: str, **cfg) -> Trainer:
     items = make_items(6, seed=1)
     config = TrainerConfig(model_device="cpu", pad_token_id=0, sync_every_steps=0, max_seq_len=16,
                            micro_token_budget=24, layout=layout, **cfg)
-    return Trainer(model=tiny_model(), algo=make_cispo(group_size=2), batch_source=ListSource([items]), cfg=config)
+    model = build_tiny_model(len(TOKENIZER), seed=0, **{**SMALL, "num_hidden_layers": LAYERS})
+    return Trainer(model=model, algo=make_cispo(group_size=2), batch_source=ListSource([items]), cfg=config)
 
 
 def _site(read) -> tuple[str, str, str]:
@@ -48,15 +60,39 @@ def _site(read) -> tuple[str, str, str]:
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_the_step_reads_the_device_once(layout):
     trainer = _trainer(layout)
+    assert trainer.packing is None if layout == "padded" else trainer.packing.path == "sdpa_varlen"
     n_micro = len(trainer.objective.micro_batches(trainer, SAWBatch(items=list(make_items(6, seed=1)))))
     assert n_micro > 1
     trainer.train_step_sync()  # warm-up: AdamW allocates its state
     with HostReads() as reads:
         trainer.train_step_sync()
     own = [_site(r) for r in reads.log if r.where.startswith(OWN)]
-    other = [r for r in reads.log if r.where.startswith("ludic_fast") and not r.where.startswith(OWN)]
+    other = [_site(r) for r in reads.log if r.where.startswith("ludic_fast") and not r.where.startswith(OWN)]
     assert sorted(own) == sorted(OWN_READS), reads.where()
-    assert len(other) <= OTHER_READS[layout] * n_micro, reads.where()
+    assert sorted(other) == sorted(PER_MICRO_BATCH[layout] * n_micro), reads.where()
+    if layout == "packed":  # transformers reads nothing either: no padding-mask check of the all-ones mask
+        assert len(reads) == len(OWN_READS) + len(PER_MICRO_BATCH["packed"]) * n_micro, reads.where()
+
+
+@pytest.mark.parametrize("path", ["varlen", "sdpa_varlen", "flex", "mask", "position_ids"])
+def test_packed_model_inputs_never_read_the_device_copy_of_the_offsets(path):
+    """The batch on the meta device (whose values cannot be read: a read raises): the model's inputs are built
+    from the host copy of cu_seqlens that collation keeps."""
+    batch = collate_packed(make_items(3, seed=1), device="meta")
+    host = batch["cu_seqlens_host"]
+    assert host.device.type == "cpu" and host.dtype == torch.int32
+    assert host.tolist() == collate_packed(make_items(3, seed=1))["cu_seqlens"].tolist()
+    inputs = PackedAttention(path).model_inputs(batch)
+    if path == "varlen":
+        assert inputs["max_length_q"] == int(host.diff().max()) and inputs["cu_seq_lens_q"].device.type == "meta"
+    if path == "sdpa_varlen":
+        assert inputs["cu_seq_lens_q"] is host
+    without = {k: v for k, v in batch.items() if k != "cu_seqlens_host"}
+    if path in ("varlen", "sdpa_varlen"):  # without the host copy the offsets are read from the device
+        with pytest.raises(NotImplementedError, match="meta"):
+            PackedAttention(path).model_inputs(without)
+        with pytest.raises(ValueError, match="cu_seqlens_host"):
+            PackedAttention(path).model_inputs({**batch, "cu_seqlens_host": host[:-1]})
 
 
 def test_the_counter_sees_every_kind_of_read():
@@ -140,3 +176,40 @@ def test_read_step_values_reads_everything_once():
     assert out == (0.25, 3.5, 5 + 9)
     assert stats == [{"loss": float(kept[0]["loss"]), "n": 3.0}, {"loss": float(kept[1]["loss"])}]
     assert len(reads) == 1
+
+
+def _old_aggregate(micro_stats, sizes) -> dict[str, float]:
+    """The reduction as aggregate_stats took it before, in float32 tensors."""
+    out = {}
+    for key in dict.fromkeys(k for s in micro_stats for k in s):
+        pairs = [(s[key], w) for s, w in zip(micro_stats, sizes) if key in s]
+        v = torch.stack([torch.as_tensor(x).float().reshape(()) for x, _ in pairs])
+        w = torch.tensor([float(w) for _, w in pairs])
+        if key.startswith("gpu_"):
+            out[key] = float(v.max())
+        elif key in SUM_KEYS:
+            out[key] = float(v.sum())
+        else:
+            out[key] = float((v * w).sum() / w.sum().clamp(min=1e-12))
+    return out
+
+
+def test_aggregate_stats_reads_tensors_once_and_reduces_as_before():
+    g = torch.Generator().manual_seed(0)
+    micro = [{"loss": torch.randn((), generator=g), "ratio": torch.rand(1, generator=g).to(torch.bfloat16),
+              "gpu_mem": torch.tensor(float(i)), "total_completion_tokens": 3.0 + i, "x": 0.1 * i}
+             for i in range(3)]
+    micro[1]["only_here"] = torch.tensor(2.5)
+    sizes = [2, 5, 3]
+    with HostReads() as reads:
+        new = aggregate_stats(micro, [], micro_batch_sizes=sizes)
+    assert len(reads) == 1, reads.where()  # the tensor values in one transfer
+    old = _old_aggregate(micro, sizes)
+    for key, value in old.items():  # float64 instead of float32 arithmetic: equal to float32 rounding
+        assert math.isclose(new[key], value, rel_tol=1e-6, abs_tol=1e-7), key
+    assert new["gpu_mem"] == 2.0 and new["total_completion_tokens"] == 12.0 and new["only_here"] == 2.5
+    assert new["x"] == (0.1 * 5 + 0.2 * 3) / 10  # Σ w v / Σ w in float64
+    floats = [{k: float(v) for k, v in s.items()} for s in micro]
+    with HostReads() as reads:
+        assert aggregate_stats(floats, [], micro_batch_sizes=sizes) == new
+    assert len(reads) == 0

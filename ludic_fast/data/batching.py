@@ -16,7 +16,8 @@ Padded collation (`collate_saw_items`), right padding, T = longest item, B = num
 Packed collation (`collate_packed`): the same keys with every per-token tensor of shape [1, total]
 (sequences back to back, no padding, total = Σ lengths), per-sequence tensors [S], plus
     cu_seqlens int32 [S+1] (sequence s occupies [cu[s], cu[s+1])) and position_ids long [1, total]
-    (restarting at 0 for every sequence).
+    (restarting at 0 for every sequence), and `cu_seqlens_host` (CU_SEQLENS_HOST), the same offsets left on
+    the host, from which the packed attention paths read the sequence bounds without a device sync.
 Losses on the packed layout must not let the causal shift cross a boundary: the token at cu[s] is
 never scored (as position 0 of a padded row is not).
 Both take `macro=MacroTotals.of(all items of the step)`: then every micro-batch also carries the
@@ -48,6 +49,8 @@ from ludic_fast.data.types import (
 
 Layout = Literal["padded", "packed"]
 _LAYOUTS = ("padded", "packed")
+#: the packed batch's key of its sequence offsets kept on the host (a CPU copy of cu_seqlens)
+CU_SEQLENS_HOST = "cu_seqlens_host"
 _TRACE_KEYS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 
 
@@ -333,22 +336,24 @@ def collate_packed(
     lengths = [len(i.input_ids) for i in items]
     cu_seqlens = torch.zeros(len(items) + 1, dtype=torch.int32)
     cu_seqlens[1:] = torch.cumsum(torch.tensor(lengths), 0)
-    seq = _sequence_tensors(items, device, group_index, macro)
     out = {
         "input_ids": torch.tensor([t for i in items for t in i.input_ids], dtype=torch.long)[None],
         "attention_mask": torch.tensor([m for i in items for m in i.attention_mask], dtype=torch.long)[None],
         "action_mask": torch.tensor([m for i in items for m in i.action_mask], dtype=torch.float32)[None],
         "position_ids": torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])[None],
         "cu_seqlens": cu_seqlens,
+        **_sequence_tensors(items, None, group_index, macro),
     }
-    if "old_logp_action" in seq:
+    if "old_logp_action" in out:
         actor = torch.zeros_like(out["action_mask"])
         actor[out["action_mask"] > 0] = torch.tensor(
             [lp for i in items for lp in i.actor_logps.token_logps], dtype=torch.float32
         )
         out["actor_logps"] = actor
-    out = {k: v.to(device) for k, v in out.items()}
-    out.update(seq)
+    # non_blocking: a blocking host-to-CUDA copy synchronises the stream; these copy from host memory that is
+    # staged before the call returns, so the values are the same
+    out = {k: v.to(device, non_blocking=True) for k, v in out.items()}
+    out[CU_SEQLENS_HOST] = cu_seqlens
     return out
 
 

@@ -13,8 +13,8 @@ which this module provides per attention implementation (`config._attn_implement
             `max_length_q/k` keyword arguments; the varlen kernel runs each sequence on its own
             (Dao, "FlashAttention-2", arXiv 2307.08691).
 - `sdpa_varlen`  `ludic_sdpa_varlen` (`integrations.sdpa_varlen`, any device, no flash-attn): PyTorch's SDPA
-            run causally on each sequence of `cu_seq_lens_q/k`, Σ len² work, and an all-ones 2D mask (no dense
-            mask is built, but for a sliding window that binds; it is ignored). Sliding windows are applied
+            run causally on each sequence of `cu_seq_lens_q/k`, Σ len² work, and an all-ones 2D mask (no mask
+            is built from it). Sliding windows are applied
             per sequence.
 - `flex`    `flex_attention`: a `BlockMask` of the rule above (torch.nn.attention.flex_attention), built from
             each 128-token tile's first and last document (O(total + tiles²), no total² mask); fully masked
@@ -40,7 +40,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ludic_fast.integrations.sdpa_varlen import SDPA_VARLEN
+from ludic_fast.data.batching import CU_SEQLENS_HOST
+from ludic_fast.integrations.sdpa_varlen import SDPA_VARLEN, packed_row_mask
 from ludic_fast.integrations.transformers import call_in_forward, final_hidden_states, unwrap_model
 
 PACKED_ATTENTION_PATHS = ("auto", "varlen", "sdpa_varlen", "flex", "mask", "position_ids")
@@ -111,25 +112,41 @@ class PackedAttention:
 
     def model_inputs(self, batch: Mapping[str, Tensor]) -> dict[str, Any]:
         """Keyword arguments of the base model's forward for a packed batch (`input_ids [1, total]`,
-        `position_ids [1, total]`, `cu_seqlens [S+1]`): input_ids, position_ids and the path's attention
-        inputs. No `attention_mask` on the varlen and position_ids paths (flash-attention would unpad by it);
-        sdpa_varlen gets an all-ones one (no dense mask unless a sliding window binds) and host `cu_seq_lens_q/k`."""
+        `position_ids [1, total]`, `cu_seqlens [S+1]`, and from `collate_packed` its host copy
+        `cu_seqlens_host`): input_ids, position_ids and the path's attention inputs. No `attention_mask` on the
+        varlen and position_ids paths (flash-attention would unpad by it); sdpa_varlen gets an all-ones one
+        (`sdpa_varlen.packed_row_mask`: no mask is built from it) and host `cu_seq_lens_q/k`. The varlen and
+        sdpa_varlen paths read the sequence bounds from the host copy (no device sync); without one (or with one
+        not on the host) from cu_seqlens."""
         ids, cu = batch["input_ids"], batch["cu_seqlens"]
         if ids.ndim != 2 or ids.shape[0] != 1:
             raise ValueError(f"input_ids: a packed batch is one row [1, total], got {tuple(ids.shape)}")
         inputs: dict[str, Any] = {"input_ids": ids, "position_ids": batch["position_ids"]}
         if self.path == "varlen":
+            host = _host_offsets(batch)
+            longest = int((host[1:] - host[:-1]).max())
             cu = cu.to(device=ids.device, dtype=torch.int32)
-            longest = int((cu[1:] - cu[:-1]).max())
             inputs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
         elif self.path == "sdpa_varlen":
-            cu = cu.to(device="cpu", dtype=torch.int32)
-            inputs.update(attention_mask=torch.ones_like(ids), cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+            cu = _host_offsets(batch)
+            inputs.update(attention_mask=packed_row_mask(ids), cu_seq_lens_q=cu, cu_seq_lens_k=cu)
         elif self.path == "flex":
             inputs["attention_mask"] = _block_mask(document_ids(cu, ids.shape[1]))
         elif self.path == "mask":
             inputs["attention_mask"] = _dense_mask(document_ids(cu, ids.shape[1]), self.mask_dtype)
         return inputs
+
+
+def _host_offsets(batch: Mapping[str, Tensor]) -> Tensor:
+    """The batch's sequence offsets on the host, int32: `cu_seqlens_host` when it is there (checked against
+    cu_seqlens by shape only: reading the device copy is what it saves), else cu_seqlens copied to the host."""
+    cu, host = batch["cu_seqlens"], batch.get(CU_SEQLENS_HOST)
+    if host is None or host.device.type != "cpu":
+        return cu.to(device="cpu", dtype=torch.int32)
+    if host.shape != cu.shape:
+        raise ValueError(f"{CU_SEQLENS_HOST} {tuple(host.shape)} must be the host copy of cu_seqlens "
+                         f"{tuple(cu.shape)}")
+    return host.to(dtype=torch.int32)
 
 
 def document_ids(cu_seqlens: Tensor, total: int) -> Tensor:

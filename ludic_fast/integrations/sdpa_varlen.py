@@ -14,17 +14,20 @@ varlen flash / memory-efficient kernels: one launch instead of one per sequence)
 A sliding window w (the `sliding_window` keyword the model passes its attention function) keeps keys with
 `q - w < k <= q` inside each sequence, as transformers' masks do.
 
-The function is registered in transformers' `AttentionInterface` as `SDPA_VARLEN`, with transformers' sdpa mask
-in `AttentionMaskInterface`: a call without `cu_seq_lens_q` (a padded batch, generation) runs transformers'
-`sdpa_attention_forward` unchanged. A packed forward passes `cu_seq_lens_q` / `cu_seq_lens_k` (host tensors,
-so splitting the row needs no device sync) and an all-ones 2D `attention_mask`, for which transformers builds
-no 4D mask unless a sliding window binds; such a mask is ignored on the packed path. The per-sequence part
-runs outside `torch.compile` (`torch.compiler.disable`): its split depends on each batch.
+The function is registered in transformers' `AttentionInterface` as `SDPA_VARLEN`, with `sdpa_varlen_mask`
+(transformers' sdpa mask) in `AttentionMaskInterface`: a call without `cu_seq_lens_q` (a padded batch,
+generation) runs transformers' `sdpa_attention_forward` unchanged. A packed forward passes `cu_seq_lens_q` /
+`cu_seq_lens_k` (host tensors, so splitting the row needs no device sync; read once per forward, not per layer)
+and `packed_row_mask(ids)`, an all-ones 2D `attention_mask` (without one transformers would find the packed
+sequences in `position_ids` and build a dense 4D mask), which `sdpa_varlen_mask` answers with no mask without
+reading it (transformers' sdpa mask would check that it is all ones: a device sync); the packed path needs none.
+The per-sequence part runs outside `torch.compile` (`torch.compiler.disable`): its split depends on each batch.
 """
 
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 import torch
@@ -66,7 +69,7 @@ def _per_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
     cu, cu_k = kwargs["cu_seq_lens_q"], kwargs.get("cu_seq_lens_k")
     if cu_k is not None and cu_k is not cu and not torch.equal(cu_k.cpu(), cu.cpu()):
         raise ValueError(f"{SDPA_VARLEN}: cu_seq_lens_k must equal cu_seq_lens_q (self-attention over a packed row)")
-    bounds = cu.tolist()
+    bounds = _bounds(cu)
     lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
     total = query.shape[2]
     if query.shape[0] != 1 or key.shape[2] != total or bounds[0] != 0 or bounds[-1] != total:
@@ -81,6 +84,25 @@ def _per_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
     if nested:
         return _nested(query, key, value, bounds, dropout, scaling)
     return _loop(query, key, value, lengths, window, dropout, scaling, {"enable_gqa": True} if gqa else {})
+
+
+#: the last cu_seq_lens_q read: (the tensor, its version counter, its values); every layer of a forward gets the
+#: same tensor, so the split is read once per forward
+_last_bounds: tuple[Tensor, int, list[int]] | None = None
+
+
+def _bounds(cu: Tensor) -> list[int]:
+    """cu's values as ints, read once per tensor (and per in-place change of it): the first layer reads them, the
+    others reuse them. A host tensor (the packed batch's `cu_seqlens_host`): no device sync."""
+    global _last_bounds
+    if cu.is_inference():  # no version counter: read every time
+        return cu.tolist()
+    last = _last_bounds
+    if last is not None and last[0] is cu and last[1] == cu._version:
+        return last[2]
+    values = cu.tolist()
+    _last_bounds = (cu, cu._version, values)
+    return values
 
 
 def _compute_dtype(query: Tensor) -> torch.dtype:
@@ -135,7 +157,28 @@ def _nested(query: Tensor, key: Tensor, value: Tensor, bounds: list[int], dropou
     return out.transpose(1, 2).values()[None]
 
 
-AttentionInterface.register(SDPA_VARLEN, sdpa_varlen_attention_forward)
-AttentionMaskInterface.register(SDPA_VARLEN, sdpa_mask)
+#: the masks `packed_row_mask` made that are alive, by id
+_PACKED_ROW_MASKS: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 
-__all__ = ["SDPA_VARLEN", "sdpa_varlen_attention_forward", "nested_applies"]
+
+def packed_row_mask(input_ids: Tensor) -> Tensor:
+    """The all-ones bool `attention_mask` of a packed row `input_ids [1, total]`, on its device: the mask function
+    registered for SDPA_VARLEN returns no mask for it (a packed forward attends by `cu_seq_lens_q`)."""
+    mask = torch.ones_like(input_ids, dtype=torch.bool)
+    _PACKED_ROW_MASKS[id(mask)] = mask
+    return mask
+
+
+def sdpa_varlen_mask(*args: Any, **kwargs: Any) -> Tensor | None:
+    """transformers' mask function for SDPA_VARLEN: None for a `packed_row_mask` (transformers hands the 2D mask
+    over as it is when it is already bool on the model's device), else transformers' `sdpa_mask`."""
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, Tensor) and _PACKED_ROW_MASKS.get(id(mask)) is mask:
+        return None
+    return sdpa_mask(*args, **kwargs)
+
+
+AttentionInterface.register(SDPA_VARLEN, sdpa_varlen_attention_forward)
+AttentionMaskInterface.register(SDPA_VARLEN, sdpa_varlen_mask)
+
+__all__ = ["SDPA_VARLEN", "sdpa_varlen_attention_forward", "nested_applies", "packed_row_mask", "sdpa_varlen_mask"]

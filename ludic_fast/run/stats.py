@@ -2,7 +2,8 @@
 
 - `aggregate_stats`: per-key reduction of the micro-batch loss stats (`gpu_*` -> max; the count keys
   -> sum; everything else -> mean weighted by the micro-batch item counts `sum_k n_k v_k / sum_k n_k`),
-  plus batch-meta totals and the named `Reducer`s over the batch items. One host transfer in all.
+  plus batch-meta totals and the named `Reducer`s over the batch items. Tensor stats are read in one host
+  transfer (none in the engine's step, which has read them already) and reduced in float64 on the host.
 - `Reducer`: a named reduction (mean | sum | count_true) of one value per item, read from a dotted path
   into `item.meta` (a missing segment skips the item) or computed by a callable, optionally normalised
   by the number of samples or rollouts (a zero denominator leaves the value un-normalised, as Ludic).
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -110,42 +112,44 @@ def apply_reducers_to_records(
     }
 
 
-def _to_float_dict(values: Mapping[str, Tensor | float]) -> dict[str, float]:
-    """One host transfer for all tensor values."""
-    keys = [k for k, v in values.items() if isinstance(v, Tensor)]
-    out = {k: float(v) for k, v in values.items() if not isinstance(v, Tensor)}
+def _read_tensors(micro_stats_list: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+    """The micro-batch stats as Python floats: every tensor value (one element) read in one host transfer, through
+    float64 (exact for float32 / bf16 / fp16 values); nothing is read when none is a tensor (the engine's step has
+    read them with its own values, `engine.step_parts.read_step_values`)."""
+    out = [dict(stats) for stats in micro_stats_list]
+    keys = [(i, k) for i, stats in enumerate(out) for k, v in stats.items() if isinstance(v, Tensor)]
     if keys:
-        stacked = torch.stack([values[k].detach().float().reshape(()) for k in keys]).cpu().tolist()
-        out.update(zip(keys, stacked))
+        device = out[keys[0][0]][keys[0][1]].device
+        values = torch.stack([out[i][k].detach().reshape(()).to(device=device, dtype=torch.float64)
+                              for i, k in keys]).tolist()
+        for (i, k), v in zip(keys, values):
+            out[i][k] = v
     return out
 
 
 def _reduce_micro_stats(
     micro_stats_list: Sequence[Mapping[str, Any]], micro_batch_sizes: Sequence[int] | None
-) -> dict[str, Tensor | float]:
+) -> dict[str, float]:
+    """Per key over the micro-batches holding it, in float64: `gpu_*` max, SUM_KEYS sum, else Σ w v / Σ w."""
     if micro_batch_sizes is not None and len(micro_batch_sizes) != len(micro_stats_list):
         raise ValueError(
             f"micro_batch_sizes has {len(micro_batch_sizes)} entries for {len(micro_stats_list)} micro-batches"
         )
     weights = [float(w) for w in micro_batch_sizes] if micro_batch_sizes is not None else [1.0] * len(micro_stats_list)
+    stats_list = _read_tensors(micro_stats_list)
     keys: dict[str, None] = {}
-    for stats in micro_stats_list:
+    for stats in stats_list:
         keys.update(dict.fromkeys(stats))
-    out: dict[str, Tensor | float] = {}
+    out: dict[str, float] = {}
     for key in keys:
-        pairs = [(s[key], w) for s, w in zip(micro_stats_list, weights) if key in s]
-        vals = [torch.as_tensor(v).detach().float().reshape(()) for v, _ in pairs]
-        if not vals:
-            continue
-        device = vals[0].device
-        stacked = torch.stack([v.to(device) for v in vals])
+        pairs = [(float(s[key]), w) for s, w in zip(stats_list, weights) if key in s]
         if key.startswith("gpu_"):
-            out[key] = stacked.max()
+            values = [v for v, _ in pairs]
+            out[key] = math.nan if any(math.isnan(v) for v in values) else max(values)  # NaN wins, as torch.max
         elif key in SUM_KEYS:
-            out[key] = stacked.sum()
+            out[key] = sum(v for v, _ in pairs)
         else:
-            w = torch.tensor([w for _, w in pairs], dtype=torch.float32, device=device)
-            out[key] = (stacked * w).sum() / w.sum().clamp(min=1e-12)
+            out[key] = sum(v * w for v, w in pairs) / max(sum(w for _, w in pairs), 1e-12)
     return out
 
 
@@ -164,7 +168,7 @@ def aggregate_stats(
     """
     if not micro_stats_list:
         return {}
-    stats = _to_float_dict(_reduce_micro_stats(micro_stats_list, micro_batch_sizes))
+    stats = _reduce_micro_stats(micro_stats_list, micro_batch_sizes)
     num_samples = sum(len(b.items) for b in saw_batches)
     target = 0
     effective = 0
