@@ -18,6 +18,7 @@ import os
 import pytest
 import torch
 from _trainer_fixtures import SMALL, TOKENIZER, ListSource, make_items
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ludic_fast.algorithm import make_cispo
 from ludic_fast.data.batching import collate_packed
@@ -176,6 +177,32 @@ def test_read_step_values_reads_everything_once():
     assert out == (0.25, 3.5, 5 + 9)
     assert stats == [{"loss": float(kept[0]["loss"]), "n": 3.0}, {"loss": float(kept[1]["loss"])}]
     assert len(reads) == 1
+
+
+class _Casts(TorchDispatchMode):
+    """Counts the dtype casts (aten._to_copy), each a kernel launch on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func.overloadpacket is torch.ops.aten._to_copy
+        return func(*args, **(kwargs or {}))
+
+
+def test_read_step_values_casts_once_per_dtype():
+    """Twenty float32 stats and two bf16 ones, one int64 token count: one cast per dtype, not one per value,
+    and the values where they belong."""
+    stats = [{f"s{k}": torch.tensor(k + 0.5 * i) for k in range(10)} for i in range(2)]
+    stats[1]["h"] = torch.tensor(0.375, dtype=torch.bfloat16)
+    stats[0]["h"] = torch.tensor([0.125], dtype=torch.bfloat16)
+    batches = [{"attention_mask": torch.ones(2, 3, dtype=torch.long)}, {"cu_seqlens": torch.tensor([0, 4])}]
+    with _Casts() as casts:
+        out = read_step_values(torch.tensor(0.25), torch.tensor(3.5), batches, stats, torch.device("cpu"))
+    assert casts.n == 3  # float32, bfloat16, int64
+    assert out == (0.25, 3.5, 10)
+    assert stats == [{**{f"s{k}": k + 0.5 * i for k in range(10)}, "h": h} for i, h in enumerate((0.125, 0.375))]
 
 
 def _old_aggregate(micro_stats, sizes) -> dict[str, float]:

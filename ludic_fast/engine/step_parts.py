@@ -57,13 +57,22 @@ def read_step_values(loss: Tensor, grad_norm: Tensor, micro_batches: Sequence[Ma
     """(loss, gradient norm, non-pad tokens) as Python numbers, in one host transfer that also reads every
     one-element tensor of `micro_stats` (replaced in place by its value as a float, as `float(v)` gives it).
     A DTensor reads as its full value. Values go through float64: exact for float32 / bf16 / fp16 values and
-    for counts below 2^53."""
+    for counts below 2^53. The tensors are stacked per (device, dtype) before the cast: a few kernels, not one
+    cast per value."""
     stat_keys = [(i, k) for i, s in enumerate(micro_stats) for k, v in s.items()
                  if isinstance(v, Tensor) and v.numel() == 1]
-    tensors = [loss, grad_norm, *(non_pad_tokens(b) for b in micro_batches),
-               *(micro_stats[i][k] for i, k in stat_keys)]
-    values = torch.stack([_whole(t).detach().reshape(()).to(device=device, dtype=torch.float64)
-                          for t in tensors]).tolist()
+    tensors = [_whole(t) for t in (loss, grad_norm, *(non_pad_tokens(b) for b in micro_batches),
+                                   *(micro_stats[i][k] for i, k in stat_keys))]
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for j, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(j)
+    with torch.no_grad():
+        parts = [torch.stack([tensors[j] if tensors[j].ndim == 0 else tensors[j].reshape(()) for j in idx])
+                 .to(device=device, dtype=torch.float64) for idx in groups.values()]
+        flat = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
+    values = [0.0] * len(tensors)
+    for j, v in zip((j for idx in groups.values() for j in idx), flat):
+        values[j] = v
     n = len(micro_batches)
     for (i, k), v in zip(stat_keys, values[2 + n:]):
         micro_stats[i][k] = v
