@@ -26,6 +26,7 @@ from ludic_fast.data.types import SAWBatch
 from ludic_fast.embedded import build_tiny_model
 from ludic_fast.engine.host_syncs import HostReads
 from ludic_fast.engine.step_parts import grad_norm_and_clip, make_adamw, read_step_values
+from ludic_fast.integrations import sdpa_varlen
 from ludic_fast.integrations.packing import PackedAttention
 from ludic_fast.run.stats import SUM_KEYS, aggregate_stats, group_log_stats
 from ludic_fast.trainer import Trainer, TrainerConfig
@@ -40,7 +41,7 @@ OWN_READS = [("to host", "ludic_fast/engine/step_parts.py", "read_step_values")]
 PER_MICRO_BATCH = {"padded": [("scalar", "ludic_fast/_common.py", "validate_head_inputs"),
                               ("data-dependent shape", "ludic_fast/token_batch.py", "from_batch")]}
 PER_MICRO_BATCH["packed"] = [*PER_MICRO_BATCH["padded"],
-                             ("to host", "ludic_fast/integrations/sdpa_varlen.py", "_bounds")]
+                             ("to host", "ludic_fast/integrations/sdpa_varlen.py", "_split")]
 #: layers of the step tests' model: a read made once per layer shows as a multiple of the micro-batches
 LAYERS = 3
 
@@ -240,3 +241,35 @@ def test_aggregate_stats_reads_tensors_once_and_reduces_as_before():
     with HostReads() as reads:
         assert aggregate_stats(floats, [], micro_batch_sizes=sizes) == new
     assert len(reads) == 0
+
+
+def test_sdpa_varlen_reads_a_split_once_and_again_after_a_change():
+    """Every layer of a forward gets the same host cu_seq_lens: its split (and the jagged offsets on a device)
+    are made once; an in-place change of the tensor, or another tensor, is read again."""
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    with HostReads() as reads:
+        first = sdpa_varlen._split(cu)
+        assert sdpa_varlen._split(cu) is first and first.bounds == [0, 3, 7]
+        assert first.offsets(torch.device("cpu")) is first.offsets(torch.device("cpu"))
+        assert first.offsets(torch.device("cpu")).tolist() == [0, 3, 7]
+    assert len(reads) == 2  # the split, and the test's own tolist
+    cu[1] = 4
+    assert sdpa_varlen._split(cu).bounds == [0, 4, 7]
+    assert sdpa_varlen._split(cu.clone()) is not sdpa_varlen._split(cu)
+    with torch.inference_mode():
+        frozen = torch.tensor([0, 2])
+    assert sdpa_varlen._split(frozen).bounds == [0, 2]  # no version counter: read each time
+
+
+def test_the_packed_row_mask_is_answered_without_a_read():
+    """sdpa_varlen's mask function: no mask, and no read, for the packed forward's all-ones mask; transformers'
+    sdpa mask (which reads it) for any other, e.g. a padded batch's."""
+    ids = torch.zeros(1, 5, dtype=torch.long)
+    args = {"batch_size": 1, "q_length": 5, "kv_length": 5, "device": torch.device("cpu")}
+    with HostReads() as reads:
+        assert sdpa_varlen.sdpa_varlen_mask(**args, attention_mask=sdpa_varlen.packed_row_mask(ids)) is None
+    assert len(reads) == 0
+    padded = torch.tensor([[1, 1, 1, 0, 0]], dtype=torch.bool)
+    with HostReads() as reads:
+        mask = sdpa_varlen.sdpa_varlen_mask(**args, attention_mask=padded)
+    assert len(reads) > 0 and mask.shape == (1, 1, 5, 5) and not mask[0, 0, 4, 3]

@@ -69,7 +69,8 @@ def _per_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
     cu, cu_k = kwargs["cu_seq_lens_q"], kwargs.get("cu_seq_lens_k")
     if cu_k is not None and cu_k is not cu and not torch.equal(cu_k.cpu(), cu.cpu()):
         raise ValueError(f"{SDPA_VARLEN}: cu_seq_lens_k must equal cu_seq_lens_q (self-attention over a packed row)")
-    bounds = _bounds(cu)
+    split = _split(cu)
+    bounds = split.bounds
     lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
     total = query.shape[2]
     if query.shape[0] != 1 or key.shape[2] != total or bounds[0] != 0 or bounds[-1] != total:
@@ -82,27 +83,41 @@ def _per_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
     if groups > 1 and not gqa:  # jagged SDPA does not take enable_gqa
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     if nested:
-        return _nested(query, key, value, bounds, dropout, scaling)
+        return _nested(query, key, value, split, dropout, scaling)
     return _loop(query, key, value, lengths, window, dropout, scaling, {"enable_gqa": True} if gqa else {})
 
 
-#: the last cu_seq_lens_q read: (the tensor, its version counter, its values); every layer of a forward gets the
+class _Split:
+    """A packed row's sequence bounds, read once (`bounds`), and their int64 copy on each device that uses them
+    (`offsets`: the jagged tensors' offsets, copied once per forward, not per layer)."""
+
+    def __init__(self, bounds: list[int]) -> None:
+        self.bounds = bounds
+        self._offsets: dict[torch.device, Tensor] = {}
+
+    def offsets(self, device: torch.device) -> Tensor:
+        if device not in self._offsets:
+            self._offsets[device] = torch.tensor(self.bounds, dtype=torch.int64).to(device, non_blocking=True)
+        return self._offsets[device]
+
+
+#: the last cu_seq_lens_q read: (the tensor, its version counter, its split); every layer of a forward gets the
 #: same tensor, so the split is read once per forward
-_last_bounds: tuple[Tensor, int, list[int]] | None = None
+_last_split: tuple[Tensor, int, _Split] | None = None
 
 
-def _bounds(cu: Tensor) -> list[int]:
-    """cu's values as ints, read once per tensor (and per in-place change of it): the first layer reads them, the
-    others reuse them. A host tensor (the packed batch's `cu_seqlens_host`): no device sync."""
-    global _last_bounds
+def _split(cu: Tensor) -> _Split:
+    """cu's split, read once per tensor (and per in-place change of it): the first layer reads it, the others
+    reuse it. A host tensor (the packed batch's `cu_seqlens_host`): no device sync."""
+    global _last_split
     if cu.is_inference():  # no version counter: read every time
-        return cu.tolist()
-    last = _last_bounds
+        return _Split(cu.tolist())
+    last = _last_split
     if last is not None and last[0] is cu and last[1] == cu._version:
         return last[2]
-    values = cu.tolist()
-    _last_bounds = (cu, cu._version, values)
-    return values
+    split = _Split(cu.tolist())
+    _last_split = (cu, cu._version, split)
+    return split
 
 
 def _compute_dtype(query: Tensor) -> torch.dtype:
@@ -136,12 +151,12 @@ def _loop(query: Tensor, key: Tensor, value: Tensor, lengths: list[int], window:
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
-def _nested(query: Tensor, key: Tensor, value: Tensor, bounds: list[int], dropout: float,
+def _nested(query: Tensor, key: Tensor, value: Tensor, split: _Split, dropout: float,
             scaling: float | None) -> Tensor:
-    """One causal SDPA call over the row as nested jagged tensors `[S, heads, j, d]` with offsets `bounds`
+    """One causal SDPA call over the row as nested jagged tensors `[S, heads, j, d]` with offsets `split.bounds`
     (torch.nested.nested_tensor_from_jagged; causal per sequence) -> [1, total, heads, d]. Under autocast the
     inputs are cast to its dtype here, as autocast casts SDPA's, and the call runs outside autocast."""
-    offsets = torch.tensor(bounds, dtype=torch.int64).to(query.device, non_blocking=True)
+    bounds, offsets = split.bounds, split.offsets(query.device)
     lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
     dtype = _compute_dtype(query)
 
