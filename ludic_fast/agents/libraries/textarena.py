@@ -15,10 +15,11 @@ turn by turn: `game.step(action) -> (done, info)`, `game.get_observation() -> (p
 
 Legal moves: textarena has no common legal-move API, so `legal_moves()` tries candidates on a copy of the game
 and keeps those the game accepts (its own rules decide: a candidate it answers with `set_invalid_move` is out).
-Candidates: every bracketed move in the texts the player has been sent ('[4]', '[hit]'), the same shapes with
-their one or two numbers replaced by 0-9 ('[0 3]' -> '[2 1]'), and the moves of `MOVE_GENERATORS` for games
-whose moves the texts do not spell (TowerOfHanoi, Chopsticks). A game where none is accepted is refused in one
-line naming it (docs/environments.md lists those games).
+Candidates: for a game of `MOVE_GENERATORS`, moves built from the game's state (its board, hand, grid or its own
+valid-move list; where the moves are too many to list, a uniform draw of `SAMPLED` of them, seeded by the episode
+seed and the moves so far); for any other game, every bracketed move in the texts the player has been sent ('[4]',
+'[hit]'), and the same shapes with their one or two numbers replaced by 0-9 ('[0 3]' -> '[2 1]'). A game where none
+is accepted is refused in one line naming it.
 
 The game is built without textarena's observation wrappers (its "-raw" version; a "-train" id plays its game's):
 the chat template renders the conversation. textarena seeds and draws from Python's global `random` (a few games
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import random
 import re
 import sys
@@ -45,11 +47,171 @@ _NUMBERED = re.compile(r"\[\s*(\d+)(\s*,?\s*)(\d+)?\s*\]")
 
 Opponent = Callable[[str, random.Random], str]
 
-#: moves of games whose texts do not spell them, by the game's name (the id before "-v")
-MOVE_GENERATORS: dict[str, Callable[[Any], list[str]]] = {
-    "TowerOfHanoi": lambda game: [f"[{a} {b}]" for a, b in itertools.permutations("ABC", 2)],
-    "Chopsticks": lambda game: [f"[attack {i} {j}]" for i in (0, 1) for j in (0, 1)]
+#: how many moves `legal_moves()` draws for a game whose moves are too many to list (a code, an allocation)
+SAMPLED = 64
+_KING = [(dr, dc) for dr in (-1, 0, 1) for dc in (-1, 0, 1) if dr or dc]  # the eight directions on a board
+_ROOK = [(-1, 0), (1, 0), (0, -1), (0, 1)]
+
+
+def _cells(board: list[list[Any]], wanted: Any) -> list[tuple[int, int]]:
+    """(row, col) of every cell of `board` (a list of rows) equal to `wanted`."""
+    return [(r, c) for r, row in enumerate(board) for c, cell in enumerate(row) if cell == wanted]
+
+
+def _algebraic(col: int, rank: int) -> str:
+    return f"{chr(ord('a') + col)}{rank}"
+
+
+def _from_to(board: list[list[Any]], piece: Any, targets: Callable[[int, int], list[tuple[int, int]]],
+             name: Callable[[int, int], str], sep: str = "") -> list[str]:
+    """'[FROM{sep}TO]' for every cell of `piece` and each of its `targets(row, col)` that lies on the board."""
+    n, m = len(board), len(board[0])
+    return [f"[{name(r, c)}{sep}{name(tr, tc)}]" for r, c in _cells(board, piece)
+            for tr, tc in targets(r, c) if 0 <= tr < n and 0 <= tc < m]
+
+
+def _distinct(draw: Callable[[], str]) -> list[str]:
+    """SAMPLED draws of `draw()`, repeats dropped: a uniform sample of a move set too large to list."""
+    return list(dict.fromkeys(draw() for _ in range(SAMPLED)))
+
+
+def _player(game: Any) -> int:
+    return game.state.current_player_id
+
+
+def _alquerque(game: Any, rng: random.Random) -> list[str]:
+    """A step or a jump (two squares) in any direction; the game keeps the forward steps and the captures."""
+    return _from_to(game.state.game_state["board"], "RB"[_player(game)],
+                    lambda r, c: [(r + k * dr, c + k * dc) for dr, dc in _KING for k in (1, 2)],
+                    lambda r, c: _algebraic(c, game.BOARD_N - r), sep=" ")
+
+
+def _breakthrough(game: Any, rng: random.Random) -> list[str]:
+    forward = 1 if _player(game) == 0 else -1  # row 0 is rank 1, White's home row
+    return _from_to(game.state.game_state["board"], "WB"[_player(game)],
+                    lambda r, c: [(r + forward, c + dc) for dc in (-1, 0, 1)], lambda r, c: _algebraic(c, r + 1))
+
+
+def _lines_of_action(game: Any, rng: random.Random) -> list[str]:
+    """Along each line, as far as the line holds pieces (the game's own count)."""
+    def targets(r: int, c: int) -> list[tuple[int, int]]:
+        return [(r + dr * k, c + dc * k) for dr, dc in _KING if (k := game._count_pieces_on_line(r, c, dr, dc))]
+
+    return _from_to(game.state.game_state["board"], "OX"[_player(game)], targets,
+                    lambda r, c: _algebraic(c, game.BOARD_N - r))
+
+
+def _tak(game: Any, rng: random.Random) -> list[str]:
+    """Placements (flat, wall, capstone) on empty squares and moves of the top k pieces of one's stacks to a
+    neighbouring square; a stack split over several squares is not listed."""
+    pid, board = _player(game), game.board
+    place = [f"[place () {{({r},{c}): [{kind}{pid}]}}]" for r, c in _cells(board, []) for kind in "FWC"]
+    move = [f"[move ({r},{c}) {{({r + dr},{c + dc}): [{', '.join(stack[-k:])}]}}]"
+            for r, row in enumerate(board) for c, stack in enumerate(row) if stack and stack[-1].endswith(str(pid))
+            for k in range(1, len(stack) + 1) for dr, dc in _ROOK
+            if 0 <= r + dr < game.board_size and 0 <= c + dc < game.board_size]
+    return place + move
+
+
+def _othello(game: Any, rng: random.Random) -> list[str]:
+    """The game's own valid moves; with none, any move passes the turn."""
+    return [f"[{r}, {c}]" for r, c in game.state.game_state["valid_moves"]] or ["[pass]"]
+
+
+def _battleship(game: Any, rng: random.Random) -> list[str]:
+    """The squares not yet fired at."""
+    return [f"[{chr(ord('A') + r)}{c}]" for r, c in _cells(game.state.game_state["tracking_board"][_player(game)], "~")]
+
+
+def _sudoku(game: Any, rng: random.Random) -> list[str]:
+    """The game calls a wrong number invalid: an empty cell's one legal number is the solution's."""
+    return [f"[{r + 1} {c + 1} {n}]" for r, c in _cells(game.state.game_state["board"], 0) for n in range(1, 10)
+            if game._is_move_correct(r, c, n)]
+
+
+def _crosswords(game: Any, rng: random.Random) -> list[str]:
+    """The game calls a wrong letter invalid: an empty cell's one legal letter is the solution's."""
+    gs = game.state.game_state
+    return [f"[{r} {c} {gs['solution'][r][c]}]" for r, c in _cells(gs["board"], "_")]
+
+
+def _logic_puzzle(game: Any, rng: random.Random) -> list[str]:
+    return [f"[{row} {col} {mark}]" for grid in game.game_board.values() for row, marks in grid.items()
+            for col, have in marks.items() for mark in "OX" if have != mark]
+
+
+def _mastermind(game: Any, rng: random.Random) -> list[str]:
+    gs = game.state.game_state
+    draw = rng.choices if gs["duplicate_numbers"] else rng.sample
+    return _distinct(lambda: "[" + " ".join(map(str, draw(range(1, gs["num_numbers"] + 1), k=gs["code_length"]))) + "]")
+
+
+def _colonel_blotto(game: Any, rng: random.Random) -> list[str]:
+    """Allocations of all units, drawn uniformly (stars and bars: n - 1 bars among units + n - 1 places)."""
+    n, units = len(game.field_names), game.num_total_units
+
+    def draw() -> str:
+        bars = [0, *sorted(rng.sample(range(1, units + n), n - 1)), units + n]
+        return "[" + " ".join(f"{f}{b - a - 1}" for f, a, b in zip(game.field_names, bars, bars[1:])) + "]"
+
+    return _distinct(draw)
+
+
+def _new_recruit(game: Any, rng: random.Random) -> list[str]:
+    letters = [sorted(game.choice_letters[issue]) for issue in game.issues]
+    return ["[Accept]", "[Reject]"] + _distinct(lambda: "[Propose] " + "".join(rng.choice(x) for x in letters))
+
+
+def _two_dollar(game: Any, rng: random.Random) -> list[str]:
+    """Proposals in whole cents."""
+    cents = round(game.total_amount * 100)
+    return ["[Accept]", "[Reject]"] + [f"[Propose] ${c / 100:.2f}" for c in range(cents + 1)]
+
+
+def _golf(game: Any, rng: random.Random) -> list[str]:
+    return ["[draw]", "[take]", "[discard]", "[knock]"] + [
+        f"[{verb} {r} {c}]" for verb in ("swap", "peek")
+        for r in range(1, game.num_rows + 1) for c in range(1, game.num_columns + 1)]
+
+
+def _play_card(game: Any, rng: random.Random) -> list[str]:
+    """Trick-taking games: '[play i]', i a card's place in the hand."""
+    hand = game.state.game_state["players"][_player(game)]["hand"]
+    return [f"[play {i}]" for i in range(1, len(hand) + 1)]
+
+
+#: moves of games whose texts do not spell them, by the game's name (the id before "-v"): `(game, rng) ->
+#: moves`, the game's own rules filter them (`legal_moves`); `rng` draws the sampled ones (`SAMPLED`)
+MOVE_GENERATORS: dict[str, Callable[[Any, random.Random], list[str]]] = {
+    "TowerOfHanoi": lambda game, rng: [f"[{a} {b}]" for a, b in itertools.permutations("ABC", 2)],
+    "Chopsticks": lambda game, rng: [f"[attack {i} {j}]" for i in (0, 1) for j in (0, 1)]
     + [f"[split {a} {b}]" for a in range(5) for b in range(5)],
+    "Alquerque": _alquerque,
+    "Bandit": lambda game, rng: [f"[{b}]" for b in game.buttons],
+    "Battleship": _battleship,
+    "Breakthrough": _breakthrough,
+    "Briscola": _play_card,
+    "ColonelBlotto": _colonel_blotto,
+    "Crosswords": _crosswords,
+    "Cryptarithm": lambda game, rng: [f"[{x} {d}]" for x in sorted(game.letters) for d in range(10)],
+    "GermanWhist": _play_card,
+    "Golf": _golf,
+    "IteratedTwoThirdsAverage": lambda game, rng: [
+        f"[{g}]" for g in range(math.ceil(game.min_guess), math.floor(game.max_guess) + 1)],
+    "LightsOut": lambda game, rng: [f"[{r} {c}]" for r in range(game.size) for c in range(game.size)],
+    "LinesOfAction": _lines_of_action,
+    "LogicPuzzle": _logic_puzzle,
+    "Mastermind": _mastermind,
+    "NewRecruit": _new_recruit,
+    "Othello": _othello,
+    "PegJump": lambda game, rng: [f"[{f} {t}]" for f, _, t in game.ALLOWED_MOVES],
+    "SantoriniBaseFixed": lambda game, rng: [m for m in game._get_valid_moves(_player(game)).split(", ") if m],
+    "Slitherlink": lambda game, rng: [f"[h {r} {c}]" for r in range(game.R + 1) for c in range(game.C)]
+    + [f"[v {r} {c}]" for r in range(game.R) for c in range(game.C + 1)],
+    "Sudoku": _sudoku,
+    "Tak": _tak,
+    "TruthAndDeception": lambda game, rng: ["[Fact 1]", "[Fact 2]"],  # any text while they talk; these at the guess
+    "TwoDollar": _two_dollar,
 }
 
 
@@ -150,6 +312,7 @@ class TextArenaEnv:
         self.player_id = player_id
         self.game: Any = None
         self.rng = random.Random(0)
+        self.seed = 0
         self.sent: dict[int, list[str]] = {}
         self.moves: list[str] = []
 
@@ -192,16 +355,19 @@ class TextArenaEnv:
         """legal_moves inside the episode's random state; the trials leave the generators as they found them."""
         player = self.game.state.current_player_id
         generate = MOVE_GENERATORS.get(self.game_id.split("-v")[0])
-        candidates = candidate_moves("\n".join(self.sent.get(player, [])))
-        candidates += [m for m in (generate(self.game) if generate else []) if m not in candidates]
+        if generate is not None:  # drawn from the episode seed and the moves so far: the same list at the same point
+            candidates = generate(self.game, random.Random(f"textarena-moves:{self.seed}:{len(self.moves)}"))
+        else:
+            candidates = candidate_moves("\n".join(self.sent.get(player, [])))
         states = _global_states()
         try:
             legal = [m for m in candidates if _accepts(self.game, m)]
         finally:
             _set_global_states(states)
         if not legal:
-            raise ValueError(f"textarena game {self.game_id}: no legal move found for player {player} (its texts "
-                             "list none the game accepts and ludic_fast has no move generator for it); "
+            why = ("its move generator found none the game accepts" if generate is not None else
+                   "its texts list none the game accepts and ludic_fast has no move generator for it")
+            raise ValueError(f"textarena game {self.game_id}: no legal move found for player {player} ({why}); "
                              "pass opponent='module:function' (observation, rng) -> move")
         return legal
 
@@ -214,6 +380,7 @@ class TextArenaEnv:
     def reset(self, seed: int) -> list[Message]:
         """A new game of `seed` (the opponent's moves are drawn from `seed` too), played up to the model's turn."""
         self.rng = random.Random(f"textarena-opponent:{seed}")
+        self.seed = seed
         self.random_state = OwnRandomState(seed)
         self.sent, self.moves = {}, []
         with self.random_state:
