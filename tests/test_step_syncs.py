@@ -14,10 +14,12 @@ import asyncio
 import copy
 import math
 import os
+import types
 
 import pytest
 import torch
 from _trainer_fixtures import SMALL, TOKENIZER, ListSource, make_items
+from test_packed_attention_paths import _per_component_sdpa
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ludic_fast.algorithm import make_cispo
@@ -27,7 +29,8 @@ from ludic_fast.embedded import build_tiny_model
 from ludic_fast.engine.host_syncs import HostReads
 from ludic_fast.engine.step_parts import grad_norm_and_clip, make_adamw, read_step_values
 from ludic_fast.integrations import sdpa_varlen
-from ludic_fast.integrations.packing import PackedAttention
+from ludic_fast.integrations.packing import PackedAttention, use_sdpa_varlen
+from ludic_fast.integrations.transformers import final_hidden_states
 from ludic_fast.run.stats import SUM_KEYS, aggregate_stats, group_log_stats
 from ludic_fast.trainer import Trainer, TrainerConfig
 
@@ -273,3 +276,24 @@ def test_the_packed_row_mask_is_answered_without_a_read():
     with HostReads() as reads:
         mask = sdpa_varlen.sdpa_varlen_mask(**args, attention_mask=padded)
     assert len(reads) > 0 and mask.shape == (1, 1, 5, 5) and not mask[0, 0, 4, 3]
+
+
+def test_the_jagged_path_makes_its_offsets_once_per_forward(monkeypatch):
+    """sdpa_varlen's CUDA path (one jagged SDPA call per layer; its kernel replaced by per-sequence SDPA, as in
+    test_packed_attention_paths) through a packed forward of LAYERS layers: every layer gets the same device
+    offsets, and the hidden states equal those of the per-sequence loop."""
+    model = build_tiny_model(len(TOKENIZER), seed=0, **{**SMALL, "num_hidden_layers": LAYERS})
+    assert use_sdpa_varlen(model)
+    inputs = PackedAttention("sdpa_varlen").model_inputs(collate_packed(make_items(4, seed=2)))
+    with torch.no_grad():
+        loop = final_hidden_states(model, **inputs)
+    made = []
+    offsets = sdpa_varlen._Split.offsets
+    monkeypatch.setattr(sdpa_varlen._Split, "offsets",
+                        lambda self, device: made.append(offsets(self, device)) or made[-1])
+    monkeypatch.setattr(sdpa_varlen, "nested_applies", lambda *args: True)
+    monkeypatch.setattr(sdpa_varlen, "F", types.SimpleNamespace(scaled_dot_product_attention=_per_component_sdpa))
+    with torch.no_grad():
+        jagged = final_hidden_states(model, **inputs)
+    assert len(made) == LAYERS and all(t is made[0] for t in made)
+    torch.testing.assert_close(jagged, loop)

@@ -151,11 +151,13 @@ def _loop(query: Tensor, key: Tensor, value: Tensor, lengths: list[int], window:
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
-def _nested(query: Tensor, key: Tensor, value: Tensor, split: _Split, dropout: float,
+def _nested(query: Tensor, key: Tensor, value: Tensor, bounds: list[int] | _Split, dropout: float,
             scaling: float | None) -> Tensor:
-    """One causal SDPA call over the row as nested jagged tensors `[S, heads, j, d]` with offsets `split.bounds`
-    (torch.nested.nested_tensor_from_jagged; causal per sequence) -> [1, total, heads, d]. Under autocast the
-    inputs are cast to its dtype here, as autocast casts SDPA's, and the call runs outside autocast."""
+    """One causal SDPA call over the row as nested jagged tensors `[S, heads, j, d]` with offsets `bounds`
+    (torch.nested.nested_tensor_from_jagged; causal per sequence) -> [1, total, heads, d]; given a `_Split`, the
+    offsets it holds on the device (made once per forward). Under autocast the inputs are cast to its dtype
+    here, as autocast casts SDPA's, and the call runs outside autocast."""
+    split = bounds if isinstance(bounds, _Split) else _Split(bounds)
     bounds, offsets = split.bounds, split.offsets(query.device)
     lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
     dtype = _compute_dtype(query)
