@@ -88,6 +88,21 @@ $(VLLM_STAMP): $(call stale,$(VLLM_STAMP),$(PINS))
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	echo $(PINS) > $(VLLM_STAMP)
 
+# verifiers 0.4.0 pins mcp 2 and 0.3.1 (in .venv) mcp < 2: 0.4's tests run here (tests/test_verifiers_v04.py), with
+# uv, which verifiers uses to prepare its harness program. Where pip cannot install verifiers 0.4.0,
+# .venv-verifiers/no-verifiers says so and those tests skip (make test) instead of failing.
+VERIFIERS_VENV  ?= .venv-verifiers
+VERIFIERS_PY    := $(VERIFIERS_VENV)/bin/python
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed-stamp
+$(VERIFIERS_STAMP): $(call stale,$(VERIFIERS_STAMP),$(PINS))
+	test -x $(VERIFIERS_PY) || python3 -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_PY) -m pip install -q --upgrade pip
+	$(VERIFIERS_PY) -m pip install -q torch==2.13.0
+	if $(EDITABLE) $(VERIFIERS_PY) -m pip install -q -e . verifiers==0.4.0 uv pytest pytest-timeout; then rm -f $(VERIFIERS_VENV)/no-verifiers; \
+	else echo "pip could not install verifiers 0.4.0 here" | tee $(VERIFIERS_VENV)/no-verifiers >&2; \
+	  $(EDITABLE) $(VERIFIERS_PY) -m pip install -q -e . pytest pytest-timeout; fi
+	echo $(PINS) > $(VERIFIERS_STAMP)
+
 # triton 3.6.0 (the GPU image's, the floor) with torch and numpy, and only what the kernel compile test and the
 # interpreter suite import: the project itself without its other dependencies
 $(TRITON36_STAMP): $(call stale,$(TRITON36_STAMP),$(PINS))
@@ -137,6 +152,7 @@ test:
 	stage venv $(SUBMAKE) $(STAMP); \
 	$(SUBMAKE) $(TRITON36_STAMP) >> build/venvs.log 2>&1 & t36=$$!; \
 	$(SUBMAKE) $(VERL_STAMP) $(VLLM_STAMP) >> build/venvs.log 2>&1 & side=$$!; \
+	$(SUBMAKE) $(VERIFIERS_STAMP) >> build/venvs.log 2>&1 & vf04=$$!; \
 	if [ $$status = 0 ]; then \
 	  stage unit $(PY) -m pytest $(XDIST) -q -rfEs tests --ignore=tests/interpret; \
 	  stage interpreter-smoke env TRITON_INTERPRET=1 $(PY) -m pytest -q -rfEs $(INTERPRET_SMOKE); \
@@ -149,6 +165,11 @@ test:
 	  stage verl env LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q -rfEs tests/test_integration_verl.py; \
 	  stage vllm env LUDIC_FAST_REQUIRE_VLLM=$$(test -e $(VLLM_VENV)/no-vllm && echo 0 || echo 1) \
 	    $(VLLM_PY) -m pytest -q -rfEs tests/test_vllm*.py; \
+	fi; \
+	if stage venv-verifiers built $$vf04 $(VERIFIERS_VENV); then \
+	  stage verifiers-0.4 env PATH="$(CURDIR)/$(VERIFIERS_VENV)/bin:$$PATH" \
+	    LUDIC_FAST_REQUIRE_VERIFIERS=$$(test -e $(VERIFIERS_VENV)/no-verifiers && echo 0 || echo 1) \
+	    $(VERIFIERS_PY) -m pytest -q -rfEs tests/test_verifiers_v04.py; \
 	fi; \
 	echo "== make test: $$SECONDS s in all; failed:$${failed:- none}"; exit $$status
 

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 vf = pytest.importorskip("verifiers", reason="verifiers is not installed (pip install 'ludic-fast[verifiers]')")
+if vf.__version__ != "0.3.1":  # 0.4.0: tests/test_verifiers_v04.py
+    pytest.skip(f"verifiers {vf.__version__} is installed, not 0.3.1", allow_module_level=True)
 
 from _chat_templates import REASONING_TEMPLATE  # noqa: E402
 
@@ -279,10 +281,11 @@ def test_rewriting_history_fails_only_that_episode(tok, tmp_path):
     assert ep.status == "failed" and "rewrote earlier messages" in ep.error
 
 
-@pytest.mark.parametrize("version", ["0.4.0", "0.3.0", "0.5.2"])
+@pytest.mark.parametrize("version", ["0.3.0", "0.4.1", "0.5.2"])
 def test_an_unsupported_verifiers_version_is_refused_in_one_line(monkeypatch, version):
     monkeypatch.setattr(vf, "__version__", version)
-    with pytest.raises(ValueError, match=rf"verifiers {version} is installed; .* supports verifiers 0\.3\.1") as exc:
+    with pytest.raises(ValueError, match=rf"verifiers {version} is installed; .* supports verifiers 0\.3\.1 and "
+                                         r"0\.4\.0 \(pip install") as exc:
         make_env(TOY, split="train")
     assert "\n" not in str(exc.value)
 
@@ -290,13 +293,13 @@ def test_an_unsupported_verifiers_version_is_refused_in_one_line(monkeypatch, ve
 def test_the_cli_refuses_an_unsupported_version_in_one_line(monkeypatch, capsys, tmp_path):
     from ludic_fast.cli import main
 
-    monkeypatch.setattr(vf, "__version__", "0.4.0")
+    monkeypatch.setattr(vf, "__version__", "0.4.1")
     try:
         code = main(["train", "--env", "ludic_fast.agents.libraries.verifiers:make_env", "--env-arg", f"env={TOY}",
                      "--rl-steps", "1", "--output-dir", str(tmp_path)])
     except SystemExit as exc:  # argparse's error exit
         code = exc.code
     err = capsys.readouterr().err.strip()
-    assert code not in (0, None) and "verifiers 0.4.0 is installed" in err
-    assert [line for line in err.splitlines() if "verifiers 0.4.0" in line] == [err.splitlines()[-1]]
+    assert code not in (0, None) and "verifiers 0.4.1 is installed" in err
+    assert [line for line in err.splitlines() if "verifiers 0.4.1" in line] == [err.splitlines()[-1]]
     assert "Traceback" not in err

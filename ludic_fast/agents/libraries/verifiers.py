@@ -2,7 +2,8 @@
 
 verifiers (https://github.com/PrimeIntellect-ai/verifiers, `pip install 'ludic-fast[verifiers]'`, 0.3.1: its
 classic API, `import verifiers as vf`: `SingleTurnEnv`, `MultiTurnEnv` with `env_response`, `ToolEnv`,
-`Rubric`s of weighted reward functions; docs/environments.md says why not 0.4.0). `VerifiersEnv(vf_env)`
+`Rubric`s of weighted reward functions; 0.4.0's `verifiers.v1` tasksets and envs: `verifiers_v04`, which
+`make_env` picks by the installed version; any other version is refused in one line). `VerifiersEnv(vf_env)`
 plays rollouts of one loaded environment, each an episode of our protocol, our sampler writing every turn:
 
 - The environment's own `rollout(input, client, model)` runs (its state, stop conditions, `env_response`, tool
@@ -47,19 +48,27 @@ from ludic_fast.agents.protocol import AssistantTurn, Message, StepResult
 #: model name the environment's rollouts record (our sampler does not read it)
 MODEL_NAME = "ludic-fast"
 SPLITS = ("train", "eval")
-#: the verifiers releases this adapter drives (their classic API); any other is refused in one line
-SUPPORTED_VERSIONS = ("0.3.1",)
+#: the verifiers releases driven here: 0.3.1 (its classic API, this module) and 0.4.0 (`verifiers.v1`,
+#: ludic_fast.agents.libraries.verifiers_v04); any other is refused in one line
+SUPPORTED_VERSIONS = ("0.3.1", "0.4.0")
 _LOADED: dict[str, Any] = {}
 
 
-def _vf() -> Any:
+def installed_version() -> str:
+    """The installed verifiers release; ValueError (one line, naming the supported ones) for any other."""
     vf = import_library("verifiers", "verifiers", "verifiers environments")
     version = getattr(vf, "__version__", "unknown")
     if version not in SUPPORTED_VERSIONS:
         raise ValueError(f"verifiers {version} is installed; ludic_fast.agents.libraries.verifiers supports verifiers "
-                         f"{', '.join(SUPPORTED_VERSIONS)} (pip install 'verifiers=={SUPPORTED_VERSIONS[-1]}'; "
-                         "0.4's rollouts go through its v1 harness, not the classic environments driven here)")
-    return vf
+                         f"{' and '.join(SUPPORTED_VERSIONS)} (pip install 'verifiers=={SUPPORTED_VERSIONS[-1]}')")
+    return version
+
+
+def _vf() -> Any:
+    if installed_version() != "0.3.1":
+        raise ValueError(f"verifiers {installed_version()} is installed: its environments are loaded by "
+                         "ludic_fast.agents.libraries.verifiers_v04 (make_env picks it)")
+    return import_library("verifiers", "verifiers", "verifiers environments")
 
 
 def _text(content: Any, what: str) -> str:
@@ -74,7 +83,7 @@ def _text(content: Any, what: str) -> str:
 
 def to_message(message: Any) -> Message:
     """A verifiers message (pydantic or dict) as a chat message dict (text content, OpenAI tool calls)."""
-    get = message.get
+    get = message.get if hasattr(message, "get") else message.model_dump().get  # 0.4's messages: plain pydantic
     out: Message = {"role": get("role"), "content": _text(get("content"), f"a {get('role')} message")}
     if get("tool_call_id"):
         out["tool_call_id"] = get("tool_call_id")
@@ -225,15 +234,20 @@ class VerifiersEnv:
         getter.cancel()
         return None
 
-    async def reset(self, seed: int) -> list[Message]:
-        """Starts the rollout of row `seed % len(dataset)`; its first request's messages."""
+    def _start(self, seed: int) -> None:
         row = dict(self.rows[seed % len(self.rows)])
         self._client = _turn_client_class()()
         self._rollout = asyncio.ensure_future(self.vf_env.rollout(row, self._client, MODEL_NAME, {}))
+
+    def _ended(self) -> str:
+        return f"error: {self._rollout.result().get('error')!r}"
+
+    async def reset(self, seed: int) -> list[Message]:
+        """Starts the rollout of row `seed % len(dataset)`; its first request's messages."""
+        self._start(seed)
         request = await self._next_request()
         if request is None:
-            state = self._rollout.result()
-            raise RuntimeError(f"the verifiers rollout ended before asking the model (error: {state.get('error')!r})")
+            raise RuntimeError(f"the verifiers rollout ended before asking the model ({self._ended()})")
         prompt, tools, self._reply = request
         self.tool_schemas = [tool_schema(t) for t in tools] or None
         self._sent = [to_message(m) for m in prompt]
@@ -305,9 +319,14 @@ class VerifiersEnv:
 
 
 def make_env(env: str, split: str = "train", **env_args: Any) -> VerifiersEnv:
-    """The `--env` factory: `--env ludic_fast.agents.libraries.verifiers:make_env --env-arg env=my_env.py`."""
+    """The `--env` factory: `--env ludic_fast.agents.libraries.verifiers:make_env --env-arg env=my_env.py`; under
+    verifiers 0.4.0, `ludic_fast.agents.libraries.verifiers_v04.make_env`."""
+    if installed_version() == "0.4.0":
+        from ludic_fast.agents.libraries import verifiers_v04
+
+        return verifiers_v04.make_env(env, split, **env_args)
     return VerifiersEnv(load(env, **env_args), split=split)
 
 
-__all__ = ["MODEL_NAME", "SPLITS", "VerifiersEnv", "check_runnable", "load", "make_env", "to_message",
-           "tool_schema"]
+__all__ = ["MODEL_NAME", "SPLITS", "SUPPORTED_VERSIONS", "VerifiersEnv", "check_runnable", "installed_version", "load",
+           "make_env", "to_message", "tool_schema"]
