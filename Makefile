@@ -137,6 +137,8 @@ demo: $(STAMP)
 # image's, the floor) and as a smoke on .venv's triton (INTERPRET_SMOKE: all five launchers, and the head
 # gradient and the divergence kernel against the float64 reference): the kernels have no version branches, and
 # the unit suite compiles every kernel on .venv's triton (tests/test_kernel_compile.py) as the triton 3.6 stage does.
+# The unit, triton 3.6 interpreter and vLLM stages leave build/junit-<stage>.xml: `python tools/suite_durations.py
+# build/junit-unit.xml` prints the seconds per test file and the slowest tests.
 INTERPRET_SMOKE ?= tests/interpret/test_launch_device.py \
   tests/interpret/test_head_numerics_kernels.py::test_target_id_zero_gets_its_logprob_gradient \
   tests/interpret/test_divergence_rows.py::test_row_maximum_in_the_tail_block_and_target_zero
@@ -154,17 +156,18 @@ test:
 	$(SUBMAKE) $(VERL_STAMP) $(VLLM_STAMP) >> build/venvs.log 2>&1 & side=$$!; \
 	$(SUBMAKE) $(VERIFIERS_STAMP) >> build/venvs.log 2>&1 & vf04=$$!; \
 	if [ $$status = 0 ]; then \
-	  stage unit $(PY) -m pytest $(XDIST) -q -rfEs tests --ignore=tests/interpret; \
+	  stage unit $(PY) -m pytest $(XDIST) -q -rfEs --junitxml=build/junit-unit.xml tests --ignore=tests/interpret; \
 	  stage interpreter-smoke env TRITON_INTERPRET=1 $(PY) -m pytest -q -rfEs $(INTERPRET_SMOKE); \
 	fi; \
 	if stage venv-triton36 built $$t36 $(TRITON36_VENV); then \
 	  stage compile-triton36 $(TRITON36_PY) -m pytest -q -rfEs tests/test_kernel_compile.py; \
-	  stage interpreter-triton36 env TRITON_INTERPRET=1 $(TRITON36_PY) -m pytest $(XDIST) -q -rfEs tests/interpret; \
+	  stage interpreter-triton36 env TRITON_INTERPRET=1 $(TRITON36_PY) -m pytest $(XDIST) -q -rfEs \
+	    --junitxml=build/junit-interpreter.xml tests/interpret; \
 	fi; \
 	if stage venvs-verl-vllm built $$side "$(VERL_VENV) / $(VLLM_VENV)"; then \
 	  stage verl env LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q -rfEs tests/test_integration_verl.py; \
 	  stage vllm env LUDIC_FAST_REQUIRE_VLLM=$$(test -e $(VLLM_VENV)/no-vllm && echo 0 || echo 1) \
-	    $(VLLM_PY) -m pytest -q -rfEs tests/test_vllm*.py; \
+	    $(VLLM_PY) -m pytest -q -rfEs --junitxml=build/junit-vllm.xml tests/test_vllm*.py; \
 	fi; \
 	if stage venv-verifiers built $$vf04 $(VERIFIERS_VENV); then \
 	  stage verifiers-0.4 env PATH="$(CURDIR)/$(VERIFIERS_VENV)/bin:$$PATH" \
