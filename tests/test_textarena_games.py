@@ -161,7 +161,7 @@ def test_sampled_moves_are_uniform_draws_the_game_accepts():
 
 def test_the_named_games_play_by_their_state_and_a_game_without_moves_is_refused(monkeypatch):
     for game in ("Blackjack-v0", "TowerOfHanoi-v0", "Nim-v0", "IteratedRockPaperScissors-v0", "Chopsticks-v0",
-                 "PigDice-v0", "Bandit-v0"):
+                 "PigDice-v0", "Bandit-v0", "Battleship-v0", "Mastermind-v0", "Sudoku-v0", "Tak-v0"):
         (demo,) = TextArenaEnv(game, max_turns=3).demonstrations(1, seed=4)
         assert sum(m["role"] == "assistant" for m in demo) >= 1, game
     assert TextArenaEnv("TicTacToe-v0-train").raw_id == "TicTacToe-v0-raw"
