@@ -181,8 +181,22 @@ def test_a_rollout_the_runner_cuts_short_is_cancelled(tok):
     assert cancelled  # close() ended verifiers' episode, which was waiting for turn 2
 
 
+def test_demonstrations_are_the_harness_prompt_and_the_answer(tok):
+    env = make_env(MULTI, num_examples=8, system="be brief")
+    _, ep = play(tok, env, ["e"])
+    assert ep.rollout.total_reward == 1.5
+    assert ep.messages[:2] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "copy: e"}]
+    demos = env.demonstrations(20, seed=0)
+    assert len({d[2]["content"] for d in demos}) > 1  # rows drawn from the seed
+    for d in demos:  # what the harness sends, then the answer
+        answer = d[2]["content"]
+        assert d == [ep.messages[0], {"role": "user", "content": f"copy: {answer}"},
+                     {"role": "assistant", "content": answer}]
+    assert env.demonstrations(20, seed=0) == demos
+
+
 def test_refusals(tmp_path):
-    assert make_env(TOY).demonstrations is None  # the CLI's --demonstrations says there are none
+    make_env(TOY)
     with pytest.raises(ValueError, match="harness must be one of"):
         make_env(TOY, harness="bash")
     with pytest.raises(ValueError, match="taskset 'no_such_taskset' not found"):

@@ -64,6 +64,7 @@ MODULES = [
     ("ludic_fast.agents.libraries.reasoning_gym", "reasoning-gym datasets as tasks scored by their own score_answer"),
     ("ludic_fast.agents.libraries.textarena", "textarena games as environments (single-player, or a fixed opponent)"),
     ("ludic_fast.agents.libraries.verifiers", "verifiers environments (load_environment() modules), token-exact"),
+    ("ludic_fast.agents.libraries.verifiers_v04", "verifiers 0.4 tasksets and envs (verifiers.v1), token-exact"),
     ("ludic_fast.embedded", "the embedded default: tiny model, character tokenizer, addition task"),
     ("ludic_fast.integrations.transformers", "hidden states and head of any transformers causal LM"),
     ("ludic_fast.integrations.packing", "exact packed (padding-free) attention inputs and their probe"),

@@ -22,7 +22,8 @@ our protocol with our sampler writing every turn:
 - The reward: the episode's trace reward, verifiers' own `Task.score`: Σ_i w_i r_i over the task's
   `@vf.reward`s, on the last step; each reward's score (unweighted) and each metric is in the step's
   `info["rewards"]` (logged as `train/episode_reward_<name>`).
-- Task `seed % len(tasks)` of the taskset (a finite taskset, iterated once).
+- Task `seed % len(tasks)` of the taskset (a finite taskset, iterated once). SFT warm-up: `demonstrations` for
+  tasks whose data has an `answer` field.
 - Refused with a one-line error: an env with more than one agent seat (user simulators, judges as agents,
   best-of-n: ludic-fast trains one seat), a harness other than `null` (the others run the model's commands or
   agent CLIs in a container), an infinite taskset, an unknown taskset.
@@ -48,8 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from ludic_fast.agents.libraries import import_library
-from ludic_fast.agents.libraries.verifiers import MODEL_NAME, VerifiersEnv
-from ludic_fast.agents.protocol import AssistantTurn, StepResult
+from ludic_fast.agents.libraries.verifiers import MODEL_NAME, VerifiersEnv, to_message
+from ludic_fast.agents.protocol import AssistantTurn, Message, StepResult
 
 #: the harness this adapter runs (verifiers' tool-less chat loop, which calls MCP tools)
 HARNESSES = ("null",)
@@ -201,7 +202,21 @@ class VerifiersV04Env(VerifiersEnv):
         return StepResult([], reward=float(trace.reward), done=not trace.is_truncated,
                           truncated=trace.is_truncated, info=info)
 
-    demonstrations = None  # a 0.4 task has no reference reply to demonstrate (the CLI says so)
+    def demonstrations(self, n: int, seed: int = 0) -> list[list[Message]]:
+        """n conversations of tasks drawn from `seed`: the task's system prompt and prompt as the `null` harness
+        sends them, then its data's `answer` field as the one assistant turn (the SFT warm-up of a taskset whose
+        answer is the reply its rewards want)."""
+        if not all(isinstance(getattr(task.data, "answer", None), str) for task in self.rows):
+            raise ValueError("the verifiers taskset's tasks have no `answer` field to demonstrate")
+        rng = random.Random(seed)
+        out = []
+        for _ in range(n):
+            data = self.rows[rng.randrange(len(self.rows))].data
+            system = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+            prompt = [{"role": "user", "content": data.prompt}] if isinstance(data.prompt, str) else \
+                [to_message(m) for m in data.prompt or []]
+            out.append([*system, *prompt, {"role": "assistant", "content": data.answer}])
+        return out
 
 
 def _errors(episode: Any) -> str:
