@@ -80,8 +80,8 @@ def play(game: str, seed: int = 1, moves: int = MOVES) -> tuple[str, str]:
 def documented_not_playing() -> set[str]:
     """The games docs/environments.md lists as not playable (its table of games that do not play)."""
     text = DOCS.read_text()
-    section = text.split("<!-- textarena-not-playing -->")[1]
-    return set(re.findall(r"^\| `([^`]+)` \|", section, flags=re.M))
+    table = text.split("<!-- textarena-not-playing -->")[1].strip().split("\n\n")[0]  # up to its first blank line
+    return set(re.findall(r"^\| `([^`]+)` \|", table, flags=re.M))
 
 
 def test_every_game_plays_or_is_refused_and_the_docs_list_the_ones_that_do_not():
