@@ -14,6 +14,7 @@ from typing import NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 _F = TypeVar("_F", bound=Callable)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -33,6 +34,23 @@ class HeadOutput(NamedTuple):
     lse: Tensor
 
 
+_TARGET_BOUNDS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def note_target_bounds(targets: Tensor, low: int, high: int) -> None:
+    """Record that every value of `targets` lies in [low, high], known on the host (the trainer's collation
+    knows its action tokens): `validate_head_inputs` then checks the targets against the vocabulary from these
+    bounds, without reading the device, as long as the tensor is not changed in place."""
+    if not targets.is_inference():
+        _TARGET_BOUNDS[targets] = (targets._version, int(low), int(high))
+
+
+def _targets_known_in_range(targets: Tensor, upper: int) -> bool:
+    """Whether host-noted bounds of `targets` (`note_target_bounds`) put every value in [0, upper)."""
+    known = _TARGET_BOUNDS.get(targets)
+    return known is not None and known[0] == targets._version and 0 <= known[1] and known[2] < upper
+
+
 def validate_head_inputs(
     hidden: Tensor,
     weight: Tensor,
@@ -49,6 +67,11 @@ def validate_head_inputs(
 
     `vocab_size` is the global vocabulary size when `weight` holds only rows
     `[vocab_start, vocab_start + V_local)` (vocab-parallel); targets are checked against it.
+
+    The range of the targets and the values of a temperature tensor are read from the device in one read,
+    except where the host knows them: no tensor temperature and targets that are empty or whose bounds were
+    noted on the host inside the range (`note_target_bounds`) read nothing. Bounds outside the range take the
+    device read, which names the bad targets.
     """
     if not isinstance(hidden, Tensor) or hidden.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"hidden must be a floating-point tensor, got {getattr(hidden, 'dtype', type(hidden))}")
@@ -102,6 +125,8 @@ def validate_head_inputs(
     elif not 0 < temperature < math.inf:
         raise ValueError(f"temperature must be finite and > 0, got {temperature}")
     upper = vocab_size if vocab_size is not None else V
+    if bad_temperature is None and (targets.numel() == 0 or _targets_known_in_range(targets, upper)):
+        return
     out_of_range = (targets != ignore_index) & ((targets < 0) | (targets >= upper))
     flags = out_of_range.any().to(torch.uint8)  # bit 0: a target out of range, bit 1: a bad temperature
     if bad_temperature is not None:

@@ -21,17 +21,30 @@ any split into micro-batches.
 
 Per-token and per-sequence float values are float32, or float64 when the batch holds them in float64.
 
-Building the index costs one host sync (`nonzero`, the number of action tokens); nothing else here syncs.
+Building the index costs one host sync (`nonzero`, the number of action tokens), except for a batch from the
+trainer's collation: it computes the action rows on the host and ships them with the batch (`ACTION_ROWS`,
+recorded by `attach_action_rows` for the batch's input_ids, action_mask and cu_seqlens as collated), and
+`from_batch` then reads nothing from the device. A batch whose tensors were replaced or changed in place since
+is indexed by `nonzero` again. The host also knows the range of those rows' targets: `from_batch` notes it
+(`_common.note_target_bounds`), so the head's input check compares it with the vocabulary on the host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import weakref
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
+from ludic_fast._common import note_target_bounds
+
+#: the batch key of the action rows that collation computed on the host (`attach_action_rows`)
+ACTION_ROWS = "action_rows"
+#: the tensors the action rows are computed from
+_ROW_SOURCES = ("input_ids", "action_mask", "cu_seqlens")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean")
 
 
@@ -63,6 +76,59 @@ def _positions(batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor, int]:
     nxt = torch.zeros_like(flat_mask)
     nxt[:-1] = flat_mask[1:] * (seq[:-1] == seq[1:])  # the shift never crosses a sequence boundary
     return seq, nxt, n_seq
+
+
+@dataclass(frozen=True)
+class _HostRows:
+    """What collation knew on the host about a batch's action rows: the tensors they were computed from (each
+    with its version counter) and the (min, max) of their targets (None: no action row)."""
+
+    sources: tuple[tuple[str, weakref.ref | None, int], ...]
+    target_bounds: tuple[int, int] | None
+
+    def holds_for(self, batch: Mapping[str, Tensor]) -> bool:
+        """Whether `batch` still has those very tensors, unchanged."""
+        for key, ref, version in self.sources:
+            value = batch.get(key)
+            if ref is None:
+                if value is not None:
+                    return False
+            elif value is not ref() or value._version != version:
+                return False
+        return True
+
+
+_HOST_ROWS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def attach_action_rows(batch: MutableMapping[str, Tensor], rows: Tensor,
+                       target_bounds: tuple[int, int] | None) -> None:
+    """Set batch[ACTION_ROWS] = rows, the action rows of `batch` computed on the host (`nonzero(nxt > 0)` of
+    `from_batch`, ascending, long, on the batch's device), and `target_bounds` = (min, max) of x[j+1] over those
+    rows (None when there are none). They hold for the batch's current input_ids, action_mask and cu_seqlens;
+    `from_batch` uses them while those tensors are the same objects, unchanged in place. Not attached to
+    inference tensors (they keep no version counter)."""
+    values = [batch.get(key) for key in _ROW_SOURCES]
+    if any(v is not None and v.is_inference() for v in values):  # no version counter: nothing to hold them to
+        return
+    sources = tuple((key, None, 0) if v is None else (key, weakref.ref(v), v._version)
+                    for key, v in zip(_ROW_SOURCES, values))
+    batch[ACTION_ROWS] = rows
+    _HOST_ROWS[rows] = _HostRows(sources, target_bounds)
+
+
+def _host_rows(batch: Mapping[str, Tensor]) -> _HostRows | None:
+    rows = batch.get(ACTION_ROWS)
+    info = None if rows is None else _HOST_ROWS.get(rows)
+    return info if info is not None and info.holds_for(batch) else None
+
+
+def action_rows(batch: Mapping[str, Tensor]) -> Tensor:
+    """The batch's action rows, as `TokenBatch.from_batch(batch).rows`: its collation's (no host sync) while they
+    hold for the batch, else `nonzero` (one host sync)."""
+    if _host_rows(batch) is not None:
+        return batch[ACTION_ROWS]
+    return torch.nonzero(_positions(batch)[1] > 0).squeeze(1)
 
 
 def widen(x: Tensor) -> Tensor:
@@ -112,13 +178,17 @@ class TokenBatch:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_batch(cls, batch: Mapping[str, Tensor]) -> TokenBatch:
-        """Select the action positions of a padded or packed Ludic batch (one host sync)."""
+        """Select the action positions of a padded or packed Ludic batch (one host sync; none for a batch with
+        its collation's action rows)."""
         seq_of_pos, nxt, n_seq = _positions(batch)
-        rows = torch.nonzero(nxt > 0).squeeze(1)
+        host = _host_rows(batch)
+        rows = torch.nonzero(nxt > 0).squeeze(1) if host is None else batch[ACTION_ROWS]
         ids = batch["input_ids"].reshape(-1)
         seq = seq_of_pos[rows]
         mask = nxt[rows]
         tokens = {"targets": ids[rows + 1].long(), "seq": seq, "mask": mask}
+        if host is not None and host.target_bounds is not None:
+            note_target_bounds(tokens["targets"], *host.target_bounds)
         shape = tuple(batch["input_ids"].shape)
         for key in ("actor_logps", "ref_logps", "is_weights", "advantages", "log_sum_sq_probs"):
             if key in batch:
@@ -239,4 +309,4 @@ class TokenBatch:
         return one / denom
 
 
-__all__ = ["TokenBatch", "AGGREGATIONS", "MACRO_KEYS", "widen"]
+__all__ = ["TokenBatch", "AGGREGATIONS", "ACTION_ROWS", "MACRO_KEYS", "action_rows", "attach_action_rows", "widen"]

@@ -18,6 +18,11 @@ Packed collation (`collate_packed`): the same keys with every per-token tensor o
     cu_seqlens int32 [S+1] (sequence s occupies [cu[s], cu[s+1])) and position_ids long [1, total]
     (restarting at 0 for every sequence), and `cu_seqlens_host` (CU_SEQLENS_HOST), the same offsets left on
     the host, from which the packed attention paths read the sequence bounds without a device sync.
+Both also carry `action_rows` (`token_batch.ACTION_ROWS`): the flat positions j whose next token x[j+1] (same
+sequence) has M > 0, computed from the items on the host with the (min, max) of those targets, so that
+`TokenBatch.from_batch` and the head's input check read nothing from the device (token_batch.py). On a CUDA
+device the tensors go through pinned host memory without blocking (a blocking host-to-device copy synchronises
+the stream); elsewhere `.to(device)` as before.
 Losses on the packed layout must not let the causal shift cross a boundary: the token at cu[s] is
 never scored (as position 0 of a padded row is not).
 Both take `macro=MacroTotals.of(all items of the step)`: then every micro-batch also carries the
@@ -46,6 +51,7 @@ from ludic_fast.data.types import (
     Step,
     group_id_of,
 )
+from ludic_fast.token_batch import ACTION_ROWS, attach_action_rows
 
 Layout = Literal["padded", "packed"]
 _LAYOUTS = ("padded", "packed")
@@ -291,6 +297,39 @@ def _sequence_tensors(
     return out
 
 
+def _host_action_rows(items: Sequence[SAWItem], stride: int | None) -> tuple[Tensor, tuple[int, int] | None]:
+    """The action rows of the collated items (`TokenBatch.from_batch`'s `nonzero(nxt > 0)`), from their lists:
+    row `start_b + j` for every j with M[j+1] > 0, where sequence b starts at `b * stride` (padded, stride T) or
+    right after the previous one (packed, stride None); and the (min, max) of their targets x[j+1] (None: no
+    action row)."""
+    rows: list[int] = []
+    low = high = None
+    start = 0
+    for b, item in enumerate(items):
+        if stride is not None:
+            start = b * stride
+        mask, ids = item.action_mask, item.input_ids
+        picked = [j for j in range(1, len(mask)) if mask[j] > 0]
+        if picked:
+            rows.extend(start + j - 1 for j in picked)
+            targets = [ids[j] for j in picked]
+            low = min(targets) if low is None else min(low, *targets)
+            high = max(targets) if high is None else max(high, *targets)
+        start += len(ids)
+    return torch.tensor(rows, dtype=torch.long), None if low is None else (low, high)
+
+
+def _to_device(tensors: dict[str, Tensor], device: torch.device | str | None) -> dict[str, Tensor]:
+    """The host tensors on `device`: to a CUDA device from pinned memory without blocking (torch's caching host
+    allocator keeps a pinned buffer until its copy has run), elsewhere by a plain `.to` (None: unchanged)."""
+    if device is None:
+        return tensors
+    target = torch.device(device)
+    if target.type == "cuda" and torch.cuda.is_available():
+        return {k: v.pin_memory().to(target, non_blocking=True) for k, v in tensors.items()}
+    return {k: v.to(target) for k, v in tensors.items()}
+
+
 def collate_saw_items(
     items: Sequence[SAWItem],
     *,
@@ -311,15 +350,16 @@ def collate_saw_items(
         input_ids[b, :n] = torch.tensor(item.input_ids, dtype=torch.long)
         attention_mask[b, :n] = torch.tensor(item.attention_mask, dtype=torch.long)
         action_mask[b, :n] = torch.tensor(item.action_mask, dtype=torch.float32)
-    out = {"input_ids": input_ids, "attention_mask": attention_mask, "action_mask": action_mask}
-    seq = _sequence_tensors(items, device, group_index, macro)
-    if "old_logp_action" in seq:
+    rows, bounds = _host_action_rows(items, T)
+    out = {"input_ids": input_ids, "attention_mask": attention_mask, "action_mask": action_mask,
+           **_sequence_tensors(items, None, group_index, macro), ACTION_ROWS: rows}
+    if "old_logp_action" in out:
         actor = torch.zeros((B, T), dtype=torch.float32)
         for b, item in enumerate(items):
             actor[b][action_mask[b] > 0] = torch.tensor(item.actor_logps.token_logps, dtype=torch.float32)
         out["actor_logps"] = actor
-    out = {k: v.to(device) for k, v in out.items()}
-    out.update(seq)
+    out = _to_device(out, device)
+    attach_action_rows(out, out[ACTION_ROWS], bounds)
     return out
 
 
@@ -350,10 +390,10 @@ def collate_packed(
             [lp for i in items for lp in i.actor_logps.token_logps], dtype=torch.float32
         )
         out["actor_logps"] = actor
-    # non_blocking: a blocking host-to-CUDA copy synchronises the stream; these copy from host memory that is
-    # staged before the call returns, so the values are the same
-    out = {k: v.to(device, non_blocking=True) for k, v in out.items()}
+    rows, bounds = _host_action_rows(items, None)
+    out = _to_device({**out, ACTION_ROWS: rows}, device)
     out[CU_SEQLENS_HOST] = cu_seqlens
+    attach_action_rows(out, out[ACTION_ROWS], bounds)
     return out
 
 

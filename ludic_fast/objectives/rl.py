@@ -9,6 +9,10 @@ through the same head, without gradients; ProRL-style tracking smooths the k3 es
 reference) on the sampled tokens, `mean(e^{ref - actor} - (ref - actor) - 1)`, by an exponential moving
 average and resets the reference to the policy (`ref <- policy`, "hard", or `ref <- α policy + (1 - α) ref`,
 "mix") when it exceeds `kl_target` or the loss's mean entropy falls below `entropy_floor`. Settings: `RLConfig`.
+The step's k3 estimate (the mean of the micro-batches' estimates) rides in the first micro-batch (`REF_KL`) into
+its loss's stats, so the engine's one read of the step's values reads it too
+(`engine.step_parts.read_step_values`); `step_stats` takes it out of the stats again (it is not a loss stat) for
+`after_step`.
 
 Temperature: the losses and the reference score with the temperature the rollouts sampled with (each item's
 `meta["sampling_temperature"]`, which `rollout.sources.RolloutBatchSource` records), by the one rule of
@@ -43,6 +47,7 @@ from ludic_fast.engine.objective import EngineView, MicroBatch
 from ludic_fast.integrations.transformers import LMHead
 from ludic_fast.objectives.logps import action_logps
 from ludic_fast.run.stats import Reducer, aggregate_stats
+from ludic_fast.token_batch import action_rows
 
 log = logging.getLogger("ludic_fast.trainer")  # the public trainer's logger name
 
@@ -51,6 +56,8 @@ log = logging.getLogger("ludic_fast.trainer")  # the public trainer's logger nam
 _META_KEYS = ("oversampling_factor", "zvp_filter_frac", "rollout_rounds", "zero_variance_group_frac",
               "zero_weight_frac", "empty_batches")
 _REF_RESETS = ("hard", "mix")
+#: the key of the step's k3 KL estimate (0-d), in its first collated micro-batch and in that one's loss stats
+REF_KL = "ref_kl_k3"
 
 
 @dataclass
@@ -106,6 +113,8 @@ class RLObjective:
         #: the head temperature of the current step (`step_temperature`)
         self.temperature = 1.0 if self.config.temperature is None else self.config.temperature
         self._warned_temperature = False
+        #: the step's k3 estimate, as read with the step's values (`step_stats`; None: none)
+        self._step_kl: float | None = None
         #: whether next_batch samples from the policy (a rollout source with a sampler): FSDP2 gathers for it
         self.samples_policy = hasattr(batch_source, "sampler")
 
@@ -168,7 +177,7 @@ class RLObjective:
     def micro_batches(self, engine: EngineView, saw_batch: SAWBatch) -> list[MicroBatch]:
         """Token-budget chunks, collated with the step's totals; replaces `saw_batch.items` by the truncated,
         sorted items and sets the step's temperature. With a reference model each chunk carries `ref_logps` and
-        its k3 KL estimate (aux)."""
+        the first one the step's k3 KL estimate (`REF_KL`, module docstring)."""
         cfg = engine.cfg
         chunks = split_items_by_token_budget(
             saw_batch.items, micro_token_budget=cfg.micro_token_budget, max_seq_len=cfg.max_seq_len, layout=cfg.layout
@@ -180,7 +189,7 @@ class RLObjective:
         index, macro = group_index_of(saw_batch.items), MacroTotals.of(saw_batch.items)
         if engine.data_parallel:  # DDP / FSDP1 name their group; FSDP2 uses the default one
             macro = macro_totals_across_ranks(macro, getattr(engine.model, "process_group", None))
-        micros = []
+        micros, kls = [], []
         for chunk in chunks:
             if cfg.layout == "packed":
                 batch = collate_packed(chunk, device=engine.device, group_index=index, macro=macro)
@@ -188,12 +197,13 @@ class RLObjective:
                 batch = collate_saw_items(
                     chunk, pad_token_id=cfg.pad_token_id, device=engine.device, group_index=index, macro=macro
                 )
-            kl = None
             if self.ref_model is not None:
                 batch["ref_logps"] = self.reference_logps(engine, batch)
                 if "actor_logps" in batch:
-                    kl = _k3_on_samples(batch["ref_logps"], batch["actor_logps"], batch["action_mask"])
-            micros.append(MicroBatch(batch, len(chunk), kl, examples=len(chunk)))
+                    kls.append(_k3_on_samples(batch["ref_logps"], batch["actor_logps"], action_rows(batch)))
+            micros.append(MicroBatch(batch, len(chunk), examples=len(chunk)))
+        if kls:
+            micros[0].batch[REF_KL] = torch.stack(kls).mean()
         return micros
 
     # ------------------------------------------------------------------------------------------- loss
@@ -202,7 +212,10 @@ class RLObjective:
             return self.algo.compute_loss(batch, hidden=hidden, **head.kwargs(), temperature=self.temperature,
                                           **head_options(engine.cfg))
 
-        return engine.head_loss(batch, loss, fp32_head=self.algo.fp32_head)
+        value, stats = engine.head_loss(batch, loss, fp32_head=self.algo.fp32_head)
+        if REF_KL in batch:
+            stats[REF_KL] = batch[REF_KL]
+        return value, stats
 
     @torch.no_grad()
     def reference_logps(self, engine: EngineView, batch: Mapping[str, Tensor]) -> Tensor:
@@ -215,6 +228,8 @@ class RLObjective:
     # ------------------------------------------------------------------------------------------ stats
     def step_stats(self, engine: EngineView, saw_batch: SAWBatch, micro_stats: Sequence[dict[str, Any]],
                    sizes: Sequence[int]) -> dict[str, Any]:
+        kl = [s.pop(REF_KL) for s in micro_stats if REF_KL in s]
+        self._step_kl = float(kl[0]) if kl else None  # a float already when read with the step's values
         stats = aggregate_stats(micro_stats, [saw_batch], reducers=self.reducers, micro_batch_sizes=list(sizes))
         stats.update({k: float(v) for k, v in saw_batch.meta.items()
                       if k in _META_KEYS or k.startswith(("episode_", "reward/"))})
@@ -225,13 +240,12 @@ class RLObjective:
         if self.ref_model is None:
             return
         if finite:
-            self._track_reference(engine, [kl for kl in aux if kl is not None], stats)
+            self._track_reference(engine, self._step_kl, stats)
         stats.update(kl_ref_ema=self.kl_ref_ema or 0.0, ref_resets=float(self.ref_resets))
 
-    def _track_reference(self, engine: EngineView, kl_ref: list[Tensor], stats: Mapping[str, float]) -> None:
+    def _track_reference(self, engine: EngineView, kl: float | None, stats: Mapping[str, float]) -> None:
         cfg = self.config
-        if kl_ref:
-            kl = float(torch.stack(kl_ref).mean())
+        if kl is not None:
             d = cfg.kl_ema_decay
             self.kl_ref_ema = kl if self.kl_ref_ema is None else d * self.kl_ref_ema + (1 - d) * kl
         entropy = next((v for k, v in stats.items() if k.endswith("entropy_mean")), None)
@@ -281,10 +295,10 @@ class RLObjective:
             self.batch_source.load_state_dict(meta["batch_source"])
 
 
-def _k3_on_samples(ref: Tensor, actor: Tensor, action_mask: Tensor) -> Tensor:
-    """mean over action tokens (position >= 1) of e^{ref - actor} - (ref - actor) - 1."""
-    mask = action_mask[:, 1:] > 0
-    d = (ref[:, 1:] - actor[:, 1:])[mask]
+def _k3_on_samples(ref: Tensor, actor: Tensor, rows: Tensor) -> Tensor:
+    """mean over the action tokens x[j+1] of the action `rows` j (`token_batch.action_rows`, the tokens the
+    losses score) of e^{ref - actor} - (ref - actor) - 1; no host sync."""
+    d = (ref - actor).reshape(-1)[rows + 1]
     if d.numel() == 0:
         return torch.zeros((), device=ref.device)
     return (torch.exp(d) - d - 1).mean()
