@@ -15,7 +15,7 @@ vf = pytest.importorskip("verifiers", reason="verifiers is not installed (pip in
 if vf.__version__ != "0.3.1":  # 0.4.0: tests/test_verifiers_v04.py
     pytest.skip(f"verifiers {vf.__version__} is installed, not 0.3.1", allow_module_level=True)
 
-from _chat_templates import REASONING_TEMPLATE  # noqa: E402
+from _scripted_sampler import Replies, play, reasoning_char_tokenizer  # noqa: E402
 
 from ludic_fast.agents import EpisodeJob, EpisodeLimits, EpisodeRunner, episode_items  # noqa: E402
 from ludic_fast.agents.episode import ChatTokens, render_ids  # noqa: E402
@@ -28,9 +28,7 @@ from ludic_fast.agents.libraries.verifiers import (  # noqa: E402
 )
 from ludic_fast.data.batching import collate_saw_items  # noqa: E402
 from ludic_fast.data.credit import EpisodicReturn  # noqa: E402
-from ludic_fast.embedded.tokenizer import ASCII_CHARACTERS, build_char_tokenizer  # noqa: E402
 from ludic_fast.losses import CISPOLoss  # noqa: E402
-from ludic_fast.rollout.sampler import Completion  # noqa: E402
 
 TOY = str(Path(__file__).resolve().parents[1] / "examples" / "verifiers_toy_env.py")
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 61, "b": 48}}</tool_call>'
@@ -39,34 +37,7 @@ CALL = '<tool_call>{"name": "add", "arguments": {"a": 61, "b": 48}}</tool_call>'
 
 @pytest.fixture(scope="module")
 def tok():
-    t = build_char_tokenizer(ASCII_CHARACTERS)
-    t.chat_template = REASONING_TEMPLATE
-    return t
-
-
-class Replies:
-    """Samples the scripted replies in order (+ <eos>), log-prob -0.01 (i + 1) for the i-th token."""
-
-    version = 0
-
-    def __init__(self, tok, replies):
-        self.tok, self.replies, self.sampled, self.prompts = tok, list(replies), [], []
-
-    def generate(self, prompts, sampling, *, seed=None):
-        out = []
-        for p in prompts:
-            ids = self.tok(self.replies.pop(0), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-            self.sampled.append(ids)
-            self.prompts.append(list(p))
-            out.append(Completion(list(p), ids, [-0.01 * (i + 1) for i in range(len(ids))], "stop"))
-        return out
-
-
-def play(tok, env, replies, seed=3):
-    sampler = Replies(tok, replies)
-    runner = EpisodeRunner(sampler, tok, limits=EpisodeLimits(max_tokens=4096, max_new_tokens=128))
-    (ep,) = asyncio.run(runner.run([EpisodeJob(env, seed=seed)]))
-    return sampler, ep
+    return reasoning_char_tokenizer()
 
 
 class ScriptedClient:

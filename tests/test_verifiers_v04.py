@@ -22,14 +22,12 @@ if verifiers.__version__ != "0.4.0":
     pytest.skip(f"verifiers {verifiers.__version__} is installed, not 0.4.0", allow_module_level=True)
 
 import verifiers.v1 as vf  # noqa: E402
-from _chat_templates import REASONING_TEMPLATE  # noqa: E402
+from _scripted_sampler import Replies, play, reasoning_char_tokenizer  # noqa: E402
 
 from ludic_fast.agents import EpisodeJob, EpisodeLimits, EpisodeRunner  # noqa: E402
 from ludic_fast.agents.episode import ChatTokens, render_ids  # noqa: E402
 from ludic_fast.agents.libraries import verifiers_v04  # noqa: E402
 from ludic_fast.agents.libraries.verifiers import make_env  # noqa: E402
-from ludic_fast.embedded.tokenizer import ASCII_CHARACTERS, build_char_tokenizer  # noqa: E402
-from ludic_fast.rollout.sampler import Completion  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TOY = str(EXAMPLES / "verifiers_v04_toy_env.py")
@@ -40,34 +38,7 @@ SUM_SEED = 3  # row 3 of kind "tool" (seed 0) is 61+48=?
 
 @pytest.fixture(scope="module")
 def tok():
-    t = build_char_tokenizer(ASCII_CHARACTERS)
-    t.chat_template = REASONING_TEMPLATE
-    return t
-
-
-class Replies:
-    """Samples the scripted replies in order (+ <eos>), log-prob -0.01 (i + 1) for the i-th token."""
-
-    version = 0
-
-    def __init__(self, tok, replies):
-        self.tok, self.replies, self.sampled, self.prompts = tok, list(replies), [], []
-
-    def generate(self, prompts, sampling, *, seed=None):
-        out = []
-        for p in prompts:
-            ids = self.tok(self.replies.pop(0), add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-            self.sampled.append(ids)
-            self.prompts.append(list(p))
-            out.append(Completion(list(p), ids, [-0.01 * (i + 1) for i in range(len(ids))], "stop"))
-        return out
-
-
-def play(tok, env, replies, seed=3):
-    sampler = Replies(tok, replies)
-    runner = EpisodeRunner(sampler, tok, limits=EpisodeLimits(max_tokens=4096, max_new_tokens=128))
-    (ep,) = asyncio.run(runner.run([EpisodeJob(env, seed=seed)]))
-    return sampler, ep
+    return reasoning_char_tokenizer()
 
 
 class ScriptedClient(vf.Client):
