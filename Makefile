@@ -5,8 +5,9 @@
 #               (in their own processes) in .venv-triton36, on triton 3.6.0, the GPU image's Triton and the
 #               declared floor (a kernel that spills or fails there fails make test), then the verl integration
 #               tests in .venv-verl, where verl 0.9.1 is installed with its own pins, then the vLLM tests in
-#               .venv-vllm, on vLLM's CPU build with its own pins; each venv is built once and rebuilt only when
-#               the content of its pins (pyproject.toml, setup.py) changes
+#               .venv-vllm, on vLLM's CPU build with its own pins, then the verifiers 0.4.0 tests in
+#               .venv-verifiers (0.4.0 pins mcp 2, .venv's 0.3.1 mcp<2); each venv is built once and rebuilt only
+#               when the content of its pins (pyproject.toml, setup.py) changes
 #   make test-pretend-cuda   the unit and interpreter suites as if this machine had one CUDA device
 #               (LUDIC_FAST_PRETEND_CUDA=1, tests/conftest.py; gpu tests deselected): a device default that leaks
 #               into a CPU test fails here ("Torch not compiled with CUDA enabled"); not part of make test
@@ -218,4 +219,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) $(TRITON36_VENV) $(OLDEST_VENV) $(NEWEST_VENV) build *.egg-info
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) $(VERIFIERS_VENV) $(TRITON36_VENV) $(OLDEST_VENV) $(NEWEST_VENV) build *.egg-info
