@@ -13,9 +13,11 @@ import re
 import shutil
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from _machine import slowdown
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "gpu_session.sh"
@@ -142,15 +144,17 @@ def test_rehearsal_keeps_every_table_when_a_test_fails_and_a_case_hangs(tmp_path
     (fake / "trl" / "kernels" / "__init__.py").write_text(HANGING_TRL)
     (tmp_path / "test_injected.py").write_text(INJECTED_TESTS)
     res = tmp_path / "results"
-    out = _bash("rehearse", "run1", PY=sys.executable, RESULTS=str(res), PYTHONPATH=str(fake), TEST_SECONDS="3",
-                CASE_SECONDS="5", GPU_SUITE_TESTS=str(tmp_path / "test_injected.py"), OMP_NUM_THREADS="1",
-                TIME_SCALE="4")  # each stage's seconds x 4: on a busy 2-core machine every process starts slowly
+    slow = slowdown()  # each stage's seconds x 4 x slow, the hang limits x slow: every process starts slowly here
+    out = _bash("rehearse", "run1", PY=sys.executable, RESULTS=str(res), PYTHONPATH=str(fake),
+                TEST_SECONDS=str(3 * slow), CASE_SECONDS=str(5 * slow),
+                GPU_SUITE_TESTS=str(tmp_path / "test_injected.py"), OMP_NUM_THREADS="1", TIME_SCALE=str(4 * slow))
     assert out.returncode == 1, out.stderr[-3000:]
     core = (res / "suite-core-verdict.md").read_text()
     assert "NOT green" in core and "| core | 1 | 1 | 0 | 1 | 0 | 0 | 0 | ran to its end |" in core, core
-    assert "test_injected_failure" in core and "hung (core, over 3 s): `" in core and "test_injected_hang`" in core
+    assert "test_injected_failure" in core and f"hung (core, over {3 * slow} s): `" in core
+    assert "test_injected_hang`" in core
     assert "AssertionError: injected" in core and "test_injected_tma_variant" not in core
-    assert "Timeout (0:00:05)" in (res / "decisive-trl.log").read_text()
+    assert f"Timeout ({timedelta(seconds=5 * slow)})" in (res / "decisive-trl.log").read_text()
     table = (res / "decisive" / "results.md").read_text()
     assert "| ours-generic |" in table and "| gemm-fwd+bwd |" in table and "trl: no result (its log)" in table
     log = (res / "session-run1.log").read_text()
@@ -292,18 +296,19 @@ def test_planted_failure():
 @pytest.mark.gpu
 @pytest.mark.parametrize("i", range(40))
 def test_slow(i):
-    time.sleep(0.5)
+    time.sleep(0.5 * SLOW)
 """
 
 
-def _suite(tmp_path, *args, timeout_s=None):
-    (tmp_path / "test_cut.py").write_text(CUT_TESTS)
+def _suite(tmp_path, *args, timeout_s=None, slow=1):
+    """The suite on CUT_TESTS, its test_slow tests sleeping 0.5 x `slow` s; (run, verdict, the tests listed as run)."""
+    (tmp_path / "test_cut.py").write_text(CUT_TESTS.replace("SLOW", str(slow)))
     cmd = [sys.executable, str(ROOT / "bench" / "gpu_suite.py"), "--out", str(tmp_path / "out"), "--group", "core",
            "--test-seconds", "60", "--tests", str(tmp_path / "test_cut.py"), "--verdict-copy", str(tmp_path / "copy"),
            *args]
     if timeout_s is not None:
         cmd = ["timeout", "--kill-after=5", str(timeout_s), *cmd]  # as bench/gpu_session.sh runs a stage
-    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120,
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60 + 30 * slow,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     verdict = (tmp_path / "out" / "suite-core-verdict.md").read_text()
     ran = [line for line in verdict.splitlines() if line.startswith(("- passed ", "- failed "))]
@@ -316,7 +321,8 @@ def test_verdict_survives_the_stages_outer_limit(tmp_path):
     mid-suite. The verdict written then (also in the --verdict-copy folder) names the planted failure with its
     message and traceback line, lists every test that finished (as the jsonl has them) and the tests that
     never ran, and says it was cut."""
-    run, verdict, ran = _suite(tmp_path, "--seconds", "600", timeout_s=12)
+    slow = slowdown()
+    run, verdict, ran = _suite(tmp_path, "--seconds", "600", timeout_s=12 * slow, slow=slow)
     assert run.returncode == 124, run.stdout[-2000:] + run.stderr[-2000:]
     assert verdict.startswith("# GPU suite verdict: NOT green") and "cut: SIGTERM" in verdict, verdict
     assert "### failed (core, call): `" in verdict and "AssertionError: planted: two is not three" in verdict
@@ -333,7 +339,8 @@ def test_verdict_survives_the_stages_outer_limit(tmp_path):
 def test_suite_stops_starting_tests_before_its_seconds(tmp_path):
     """Without an outer limit the suite ends itself: no test starts with under --reserve seconds left, the
     verdict is written, the tests never started are listed."""
-    run, verdict, ran = _suite(tmp_path, "--seconds", "8", "--reserve", "2")
+    slow = slowdown()
+    run, verdict, ran = _suite(tmp_path, "--seconds", str(8 * slow), "--reserve", str(2 * slow), slow=slow)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     assert "AssertionError: planted: two is not three" in verdict and "| time up |" in verdict, verdict
     assert 4 <= len(ran) < 43 and "Not run (core, " in verdict and "- running when the suite was cut" not in verdict
