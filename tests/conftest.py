@@ -15,9 +15,16 @@ if PRETEND_DIR not in sys.path:
 
 import _pretend_cuda  # noqa: E402
 
-if _pretend_cuda.active():
-    import torch
+# One torch intra-op thread per test process unless OMP_NUM_THREADS says otherwise (children inherit it).
+# make test runs two xdist workers on a 2-core machine; torch's default of one thread per core in each worker
+# oversubscribes the cores, and then every small op waits for a descheduled thread: at load 5,
+# test_preference.py::test_reference_twin_gradcheck_float64 took 88 s with two threads, 6 s with one.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402
 
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+if _pretend_cuda.active():
     if not getattr(torch.cuda.is_available, "pretend_cuda", False) and torch.cuda.is_available():
         raise pytest.UsageError(f"{_pretend_cuda.ENV}=1 is for a machine without CUDA; this one has a GPU")
     _pretend_cuda.install()
