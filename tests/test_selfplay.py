@@ -21,17 +21,19 @@ TOK = build_char_tokenizer()
 
 
 class Replies:
-    """Samples the scripted replies in order (+ <eos> unless it ends with '|cut'), log-prob -0.1 per token."""
+    """Samples the scripted replies in order, or `replies(prompt ids)` when it is a function (+ <eos> unless it ends
+    with '|cut'), log-prob -0.1 per token."""
 
     version = 0
 
     def __init__(self, replies):
-        self.replies, self.sampled, self.prompts = list(replies), [], []
+        self.replies = replies if callable(replies) else list(replies)
+        self.sampled, self.prompts = [], []
 
     def generate(self, prompts, sampling, *, seed=None):
         out = []
         for p in prompts:
-            reply = self.replies.pop(0)
+            reply = self.replies(p) if callable(self.replies) else self.replies.pop(0)
             ids = TOK(reply.removesuffix("|cut"), add_special_tokens=False)["input_ids"]
             if not reply.endswith("|cut"):
                 ids = ids + [TOK.eos_token_id]
@@ -48,21 +50,22 @@ def seven() -> NimGame:
 def test_nim_rules_by_hand():
     g = seven()
     g.reset(0)
-    assert (g.stones, g.to_move(), g.observation(0)) == (7, 0, "nim, take 1 or 2, pile 7:")
-    for seat, move in [(0, "1"), (1, "2"), (0, "1"), (1, "1")]:
+    assert (g.stones, g.to_move(), g.observation(0), g.legal_moves()) == (7, 0, "nim pile 7", ["6", "5"])
+    for seat, move in [(0, "6"), (1, "4"), (0, "3"), (1, "2")]:  # a move is the pile it leaves
         g.play(seat, move)
-    assert (g.stones, g.done(), g.observation(0)) == (2, False, "they took 1, pile 2:")
-    g.play(0, "2")
+    assert (g.stones, g.done(), g.observation(0), g.legal_moves()) == (2, False, "they left 2", ["1", "0"])
+    g.play(0, "0")
     assert g.done() and g.rewards() == (1.0, -1.0)
-    g.reset(0)
-    g.play(0, "3")  # not a legal move: the mover loses
-    assert g.rewards() == (-1.0, 1.0)
+    for illegal in ("4", "7", "1"):  # takes 3, none, 6: the mover loses
+        g.reset(0)
+        g.play(0, illegal)
+        assert g.rewards() == (-1.0, 1.0)
     with pytest.raises(ValueError, match="cannot move now"):
         g.play(1, "1")
 
 
 def test_each_seat_is_its_own_token_exact_episode_with_its_own_reward():
-    sampler = Replies(["1", "2", "1", "1", "2"])  # seat 0, 1, 0, 1, 0: seat 0 takes the last stone
+    sampler = Replies(["6", "4", "3", "2", "0"])  # seat 0, 1, 0, 1, 0: seat 0 takes the last stone
     runner = SelfPlayRunner(sampler, TOK, max_tokens=512, max_new_tokens=4)
     ep0, ep1 = asyncio.run(runner.run([EpisodeJob(seven(), seed=3, meta={"group_id": "g"})]))
     assert (ep0.status, ep1.status) == ("done", "done")
@@ -77,22 +80,23 @@ def test_each_seat_is_its_own_token_exact_episode_with_its_own_reward():
             assert prompt == toks.ids[: span.start]
         first = [m for m in ep.messages if m["role"] == "user"][:1]
         assert toks.ids[: toks.turns[0].start] == render_ids(TOK, first, tools=None, add_generation_prompt=True)
+        # the token right before each answer is the pile's digit (the move is a function of the last token)
+        assert TOK.decode([toks.ids[span.start - 1] for span in toks.turns]) == ["742", "63"][k]
     # seat 1 was sent the pile after seat 0's move, then seat 0's next move and the pile
-    assert [m["content"] for m in ep1.messages if m["role"] == "user"] == ["they took 1, pile 6:",
-                                                                           "they took 1, pile 3:"]
+    assert [m["content"] for m in ep1.messages if m["role"] == "user"] == ["they left 6", "they left 3"]
     items = episode_items([ep0, ep1], EpisodicReturn())
     assert [it.weight for it in items] == [1.0, -1.0]
 
 
 def test_a_cut_turn_resigns_its_seat():
-    sampler = Replies(["1", "22|cut"])
+    sampler = Replies(["6", "44|cut"])
     ep0, ep1 = asyncio.run(SelfPlayRunner(sampler, TOK, max_new_tokens=2).run([EpisodeJob(seven(), seed=0)]))
     assert (ep1.status, ep1.reason) == ("truncated", "turn_length") and ep1.rollout.steps[-1].info["cut"]
     assert (ep0.rollout.total_reward, ep1.rollout.total_reward) == (1.0, -1.0)
 
 
 def test_self_play_batches_group_per_seed_and_seat():
-    sampler = Replies(["2", "1"] * 4)  # every game: 7 -> 5 -> 4 ... then the cap of 2 moves a seat: a draw
+    sampler = Replies(["5"] * 4 + ["4"] * 4)  # one round per seat: every game 7 -> 5 -> 4, then max_turns: a draw
     runner = SelfPlayRunner(sampler, TOK, max_turns=1)
     src = EnvBatchSource(make_env=seven, runner=runner, credit_assigner=GroupNormalizedReturn(2),
                          seeds_per_batch=2, group_size=2)
@@ -103,7 +107,7 @@ def test_self_play_batches_group_per_seed_and_seat():
 
 
 def test_versus_env_is_the_fixed_opponent_choice():
-    sampler = Replies(["1", "1", "1", "1"])
+    sampler = Replies(lambda prompt: str(int(TOK.decode(prompt[-1:])) - 1))  # takes 1 from the pile it is sent
     runner = EpisodeRunner(sampler, TOK, limits=EpisodeLimits(max_tokens=512, max_new_tokens=4, max_turns=4))
     env = VersusEnv(seven(), seat=0)
     (ep,) = asyncio.run(runner.run([EpisodeJob(env, seed=0)]))
@@ -113,8 +117,8 @@ def test_versus_env_is_the_fixed_opponent_choice():
         if m["role"] == "assistant":
             g.play(0, m["content"])
         elif not g.done():
-            g.play(1, m["content"].split(",")[0].removeprefix("they took "))
+            g.play(1, m["content"].removeprefix("they left "))
     assert ep.status == "done" and ep.rollout.total_reward == g.rewards()[0]
-    assert VersusEnv(seven()).reset(5)[0]["content"].startswith("they took")  # odd seed: seat 1, the opponent opened
+    assert VersusEnv(seven()).reset(5)[0]["content"].startswith("they left")  # odd seed: seat 1, the opponent opened
     with pytest.raises(ValueError, match="seat must be 0, 1 or None"):
         VersusEnv(seven(), seat=2)

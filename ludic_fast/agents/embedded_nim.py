@@ -1,13 +1,18 @@
 """An embedded two-player game the tiny embedded model can learn: Nim with one pile (no download, CPU).
 
 A pile of n stones, n drawn from the seed in [min_stones, max_stones]; the players take 1 or 2 stones in turn
-(seat 0 first); whoever takes the last stone wins: reward +1, the other -1. A move that is not "1" or "2", or
-takes more stones than are left, loses at once (the mover -1, the other +1). After `max_moves` moves in all
-the game is a draw (0, 0). Optimal play: take n mod 3 when it is not 0 (it leaves a multiple of 3); a player
-who does so from a pile that is not a multiple of 3 always wins, and wins most games against random moves.
+(seat 0 first), and a move is written as the pile it leaves: from 7 the legal moves are "6" and "5". Whoever
+takes the last stone (leaves "0") wins: reward +1, the other -1. A move that is not one of the legal piles loses
+at once (the mover -1, the other +1). After `max_moves` moves in all the game is a draw (0, 0). Optimal play
+leaves a multiple of 3; a player who can (the pile is not a multiple of 3) and always does wins, and wins most
+games against random moves.
 
-Each seat is sent one text per turn: the pile at its first turn ("nim, take 1 or 2, pile 7:"), then the
-other player's move and the pile ("they took 2, pile 5:"); the pile comes last, next to the move it decides.
+Each seat is sent one text per turn: the pile at its first turn ("nim pile 7"), then the pile the other player
+left ("they left 5"); the pile's last digit is the token right before the answer. Why the move names the pile
+left rather than the stones taken: the legal answers then depend on the pile, so the warm-up on random moves
+already teaches the model to read it. With "take 1 or 2" the warm-up's targets do not depend on the pile, and the
+tiny model came out of it with the pile drowned in its last hidden state (cosine 0.99 between piles 2-9) and
+learned no pile-dependent move by self-play (docs/agents.md).
 """
 
 from __future__ import annotations
@@ -37,15 +42,13 @@ class NimGame:
         return self.moves % 2
 
     def observation(self, seat: int) -> str:
-        if self.last is None:
-            return f"nim, take 1 or 2, pile {self.stones}:"
-        return f"they took {self.last}, pile {self.stones}:"
+        return f"nim pile {self.stones}" if self.last is None else f"they left {self.stones}"
 
     def legal_moves(self) -> list[str]:
-        return [str(k) for k in (1, 2) if k <= self.stones]
+        return [str(self.stones - k) for k in (1, 2) if k <= self.stones]
 
     def play(self, seat: int, move: str) -> None:
-        """`seat` moves `move` (the turn's text, stripped); the game may end."""
+        """`seat` moves `move` (the turn's text, stripped: the pile it leaves); the game may end."""
         if seat != self.to_move() or self.done():
             raise ValueError(f"seat {seat} cannot move now")
         move = move.strip()
@@ -53,7 +56,7 @@ class NimGame:
         if move not in self.legal_moves():
             self.winner = 1 - seat
             return
-        self.stones -= int(move)
+        self.stones = int(move)
         self.last = move
         if self.stones == 0:
             self.winner = seat
