@@ -13,8 +13,10 @@ observation and adds `format_penalty` to the turn's reward.
 
 Limits: `max_turns` model turns (None: the environment's `max_turns` attribute, else 8; then "truncated",
 reason "max_turns"), `max_tokens` in the whole episode (each turn may sample at most what is left; reason
-"max_tokens"), `max_new_tokens` per turn (a turn cut there without a stop token ends the episode: reason
-"turn_length"; its conversation message holds the cut text, an unfinished tool call included, and "cut": True).
+"max_tokens"; an episode whose first prompt alone is `max_tokens` tokens or more is not played: status "failed",
+reason "prompt_length", the error naming its length), `max_new_tokens` per turn (a turn cut there without a
+stop token ends the episode: reason "turn_length"; its conversation message holds the cut text, an unfinished
+tool call included, and "cut": True).
 An environment's own truncation has
 reason "env". The sequence is built as `ludic_fast.agents.episode` describes: trained tokens are sampled
 tokens.
@@ -44,6 +46,8 @@ log = logging.getLogger("ludic_fast.agents")
 
 #: model turns of an episode when neither the limits nor the environment say
 DEFAULT_MAX_TURNS = 8
+#: the reason of a failed episode whose prompt alone fills `max_tokens`
+PROMPT_TOO_LONG = "prompt_length"
 
 
 class CallTimeout(Exception):
@@ -247,6 +251,11 @@ class EpisodeRunner:
             s.pending_obs = list(s.first)
         except Exception as exc:  # noqa: BLE001 - the episode fails, the run goes on
             self._fail(s, "env.reset", exc)
+            return
+        prompt = len(s.episode.tokens.ids)
+        if prompt >= self.limits.max_tokens:  # no room for one sampled token: nothing to play or train
+            s.episode.end("failed", PROMPT_TOO_LONG, f"the prompt is {prompt} tokens, at least the episode's budget "
+                          f"max_tokens={self.limits.max_tokens} (--max-episode-tokens)")
 
     async def _close(self, s: _State) -> None:
         """The environment's optional `close()` once its episode has ended (an error is logged, not raised)."""
@@ -344,4 +353,5 @@ class EpisodeRunner:
             step.truncated = ep.status == "truncated"
 
 
-__all__ = ["CallTimeout", "call_with_timeout", "EpisodeLimits", "EpisodeJob", "Episode", "EpisodeRunner"]
+__all__ = ["PROMPT_TOO_LONG", "CallTimeout", "call_with_timeout", "EpisodeLimits", "EpisodeJob", "Episode",
+           "EpisodeRunner"]

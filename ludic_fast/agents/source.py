@@ -4,18 +4,24 @@ One batch: `seeds_per_batch` environment seeds (drawn from (seed, batch index), 
 an uninterrupted one does), `group_size` episodes of each seed (a GRPO group: one group id per seed, the
 episodes differ by sampling only), played by an `EpisodeRunner`; optional `WeightedRewards` are added to each
 episode's last step; then `items.episode_items` under the credit assigner. Groups holding a failed episode
-are dropped whole.
+are dropped whole. An episode whose prompt alone fills the runner's `max_tokens` is not played (status "failed",
+reason "prompt_length": `EpisodeRunner`): such episodes are counted (episode_prompt_too_long) and logged, and a
+batch in which every episode was one raises `engine.guard.EmptyBatchError` naming the prompts' length and
+--max-episode-tokens (the run would otherwise fetch empty batches forever). `stop_requested()` (optional, e.g.
+`lambda: stop.signum is not None`) is checked before each batch: once true, `next_batch` raises
+`engine.stop.StopRequested`, so a stop is not kept waiting by a loop that refetches empty batches.
 
 Batch meta, logged with the step: avg_total_reward (over the non-failed episodes), target_rollouts, and the episode
 statistics episode_turns_mean, episode_tool_calls_mean, episode_tool_errors_mean, episode_failed /
-episode_truncated (counts), episode_dropped_groups, episode_reward_<name> (the mean of each reward component: the
-environment's own, its last step's info["rewards"], and each reward function's). `episode_log`: a JSONL file that
-receives the first `log_episodes` episodes of every batch whole (`Episode.to_record`: conversation, rewards,
-status, counts) for reading."""
+episode_truncated (counts), episode_dropped_groups, episode_prompt_too_long, episode_reward_<name> (the mean of
+each reward component: the environment's own, its last step's info["rewards"], and each reward function's).
+`episode_log`: a JSONL file that receives the first `log_episodes` episodes of every batch whole
+(`Episode.to_record`: conversation, rewards, status, counts) for reading."""
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import uuid
 from collections.abc import Callable, Mapping
@@ -25,10 +31,14 @@ from typing import Any
 from ludic_fast.agents.items import episode_items, trainable_groups
 from ludic_fast.agents.protocol import Env
 from ludic_fast.agents.rewards import WeightedRewards
-from ludic_fast.agents.runner import Episode, EpisodeJob, EpisodeRunner
+from ludic_fast.agents.runner import PROMPT_TOO_LONG, Episode, EpisodeJob, EpisodeRunner
 from ludic_fast.data.filters import apply_filter
 from ludic_fast.data.types import CreditAssigner, SampleFilter, SAWBatch
+from ludic_fast.engine.guard import EmptyBatchError
+from ludic_fast.engine.stop import StopRequested
 from ludic_fast.run.loggers import keep_jsonl_records
+
+log = logging.getLogger("ludic_fast.agents")
 
 
 def _mix(*parts: Any) -> int:
@@ -50,7 +60,8 @@ class EnvBatchSource:
     def __init__(self, *, make_env: Callable[[], Env], runner: EpisodeRunner, credit_assigner: CreditAssigner,
                  seeds_per_batch: int, group_size: int, seed: int = 0, per: str = "episode",
                  rewards: WeightedRewards | None = None, sample_filter: SampleFilter | None = None,
-                 episode_log: str | Path | None = None, log_episodes: int = 4):
+                 episode_log: str | Path | None = None, log_episodes: int = 4,
+                 stop_requested: Callable[[], bool] | None = None):
         if seeds_per_batch < 1 or group_size < 1:
             raise ValueError(f"seeds_per_batch and group_size must be >= 1, got {seeds_per_batch}, {group_size}")
         if log_episodes < 0:
@@ -60,6 +71,7 @@ class EnvBatchSource:
         self.rewards, self.sample_filter = rewards, sample_filter
         self.episode_log = None if episode_log is None else Path(episode_log)
         self.log_episodes = log_episodes
+        self.stop_requested = stop_requested
         self.batches = 0
 
     def jobs(self) -> list[EpisodeJob]:
@@ -98,7 +110,10 @@ class EnvBatchSource:
         return parts
 
     async def next_batch(self) -> SAWBatch:
+        if self.stop_requested is not None and self.stop_requested():
+            raise StopRequested(f"stop requested before batch {self.batches}")
         episodes = await self.runner.run(self.jobs(), seed=_mix(self.seed, self.batches, "sampling"))
+        too_long = self._prompts_too_long(episodes)
         parts = self._score(episodes)
         trainable, dropped = trainable_groups(episodes)
         items = apply_filter(episode_items(trainable, self.credit_assigner, per=self.per), self.sample_filter)
@@ -116,10 +131,30 @@ class EnvBatchSource:
             "episode_failed": float(len(episodes) - len(played)),
             "episode_truncated": float(sum(e.status == "truncated" for e in episodes)),
             "episode_dropped_groups": float(dropped),
+            "episode_prompt_too_long": float(too_long),
             "policy_version": int(getattr(self.runner.sampler, "version", 0)),
         }
         meta.update({f"episode_reward_{name}": _mean(v) for name, v in parts.items()})
         return SAWBatch(items=items, meta=meta)
+
+    def _prompts_too_long(self, episodes: list[Episode]) -> int:
+        """How many episodes were not played for their prompt's length (logged); EmptyBatchError when all were
+        (their records logged first)."""
+        lengths = [len(e.tokens.ids) for e in episodes if e.reason == PROMPT_TOO_LONG]
+        if not lengths:
+            return 0
+        budget = self.runner.limits.max_tokens
+        what = (f"prompt of {min(lengths)}..{max(lengths)} tokens" if min(lengths) < max(lengths)
+                else f"prompt of {lengths[0]} tokens")
+        if len(lengths) == len(episodes):
+            self._log(episodes)
+            raise EmptyBatchError(
+                f"batch {self.batches}: every episode's {what} fills the episode's budget max_tokens={budget} "
+                f"(--max-episode-tokens {budget}): nothing to play or train; raise --max-episode-tokens above "
+                f"{max(lengths)} or shorten the environment's prompt")
+        log.warning("batch %d: %d of %d episodes not played: their %s fills max_tokens=%d (--max-episode-tokens)",
+                    self.batches, len(lengths), len(episodes), what, budget)
+        return len(lengths)
 
     def _log(self, episodes: list[Episode]) -> None:
         if self.episode_log is None or self.log_episodes == 0:

@@ -13,6 +13,7 @@ writes a sample of whole episodes to <output-dir>/episodes.jsonl (--episode-log 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from ludic_fast.agents.source import EnvEvaluator
 from ludic_fast.agents.tools import as_tools
 from ludic_fast.cli.validation import UsageError
 from ludic_fast.data.types import SAWItem
+from ludic_fast.engine.guard import EmptyBatchError
+from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.registry import load_attr
 from ludic_fast.rollout.sampler import SamplingConfig
 
@@ -156,18 +159,31 @@ def demonstration_items(args: argparse.Namespace, tok: Any, make_env: Callable[[
                          "pass --sft-data (chat JSONL) or --sft-steps 0")
     tools = [t.schema for t in as_tools(getattr(env, "tools", None)).values()] or getattr(env, "tool_schemas", None)
     chat = ChatTokens(tok, [tok.eos_token_id], tools=tools)
-    items = []
+    items, too_long = [], []
     for messages in env.demonstrations(args.demonstrations, args.seed):
         t = demonstration_tokens(chat, messages)
+        prompt = t.turns[0].start
+        if prompt >= args.max_episode_tokens:  # as the runner: a prompt that fills the budget is not played
+            too_long.append(prompt)
+            continue
         items.append(SAWItem(input_ids=t.ids, attention_mask=[1] * len(t.ids), action_mask=t.action_mask,
                              weight=1.0, meta={"completion_length": sum(t.action_mask)}))
+    if too_long:
+        what = (f"{len(too_long)} of {len(too_long) + len(items)} demonstrations have a prompt of "
+                f"{min(too_long)}..{max(too_long)} tokens, at least --max-episode-tokens {args.max_episode_tokens}")
+        if not items:
+            raise EmptyBatchError(f"{what}: the SFT warm-up would train nothing; raise --max-episode-tokens above "
+                                  f"{max(too_long)}, or pass --sft-steps 0")
+        print(f"warning: {what}: left out of the SFT warm-up", file=sys.stderr, flush=True)
     if not items:
         raise UsageError("--demonstrations 0 leaves the SFT warm-up nothing: pass --sft-steps 0")
     return items
 
 
-def env_source(args: argparse.Namespace, engine: Any, tok: Any, algo: Any, out: Path | None) -> EnvBatchSource:
-    """The RL batches: --prompts-per-batch seeds x --group-size episodes, the preset's credit assigner."""
+def env_source(args: argparse.Namespace, engine: Any, tok: Any, algo: Any, out: Path | None,
+               stop: StopOnSignal | None = None) -> EnvBatchSource:
+    """The RL batches: --prompts-per-batch seeds x --group-size episodes, the preset's credit assigner; `stop`'s
+    signal ends a fetch that keeps meeting empty batches (`EnvBatchSource` stop_requested)."""
     runner = EpisodeRunner(engine, tok, limits=limits(args),
                            sampling=SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens))
     return EnvBatchSource(
@@ -175,6 +191,7 @@ def env_source(args: argparse.Namespace, engine: Any, tok: Any, algo: Any, out: 
         seeds_per_batch=args.prompts_per_batch, group_size=args.group_size, seed=args.seed, per=args.episode_items,
         rewards=env_rewards(args), episode_log=None if out is None or args.episode_log == 0 else out / EPISODE_LOG,
         log_episodes=args.episode_log,
+        stop_requested=None if stop is None else lambda: stop.signum is not None,  # this process's signal
     )
 
 

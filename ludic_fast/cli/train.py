@@ -49,7 +49,7 @@ from ludic_fast.cli.train_task import (
 )
 from ludic_fast.cli.validation import UsageError, check_output_dir
 from ludic_fast.distributed.launch import AgreedStop
-from ludic_fast.engine.guard import NonFiniteError
+from ludic_fast.engine.guard import EmptyBatchError, NonFiniteError
 from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.rollout import PromptAnswerTask
 from ludic_fast.run.checkpoint import CheckpointConfig, CheckpointManager
@@ -89,7 +89,8 @@ def _set_phase(console: Any, phase: str, total: int) -> None:
 def main(argv: list[str]) -> int:
     """Entry point: argv[0] is "train" or "demo" (from `ludic_fast.cli`), the rest are flags. Returns 2
     after a one-line message on stderr when an input is bad (before anything is trained), 1 when training
-    diverged (non-finite logits), 130 / 143 when stopped by SIGINT / SIGTERM (module docstring)."""
+    diverged (non-finite logits) or a batch left nothing to train (`engine.guard.EmptyBatchError`), 130 / 143
+    when stopped by SIGINT / SIGTERM (module docstring)."""
     command, rest = (argv[0], argv[1:]) if argv else ("train", [])
     if command not in ("train", "demo"):
         raise ValueError(f"argv[0] must be 'train' or 'demo', got {command!r}")
@@ -162,7 +163,7 @@ def _run(args: argparse.Namespace, command: str, t0: float, stop: StopOnSignal, 
             rl_logger = TeeLogger(JSONLLogger(metrics, extra={"phase": "rl"}), console, monitor,
                                   wandb) if main_rank else None
             trainer = run_rl(args, model, tok, task, rl_logger, rl_resume, stop=stop)
-    except NonFiniteError as exc:
+    except (NonFiniteError, EmptyBatchError) as exc:  # one line; the records and checkpoints so far are kept
         error = exc
     finally:
         close_loggers(console, wandb)

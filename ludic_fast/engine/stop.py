@@ -6,6 +6,10 @@ the current optimizer step; a second SIGINT ends the process at once (exit 130, 
     if stop.requested:
         return stop.exit_code               # 128 + the signal's number: 130 (SIGINT), 143 (SIGTERM)
 
+A batch source that can wait a long time for a usable batch (an environment whose every episode fails)
+checks the request itself (`stop_requested=lambda: stop.signum is not None`: this process's signal) and raises
+`StopRequested` before fetching more; `Engine.train` then ends as after a step, without taking one.
+
 The handlers are installed only from the main thread (Python delivers signals there); elsewhere the object
 never reports a request. Installing ours before `asyncio.run` keeps asyncio from installing its own SIGINT
 handler, so a request no longer waits for the event loop to be cancelled.
@@ -21,6 +25,10 @@ from typing import Any
 
 #: the signals that ask for a stop
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopRequested(Exception):
+    """Raised by a batch source that saw a stop request while the engine waited for a batch (module docstring)."""
 
 
 class StopOnSignal:
@@ -66,4 +74,4 @@ class StopOnSignal:
         self._previous.clear()
 
 
-__all__ = ["STOP_SIGNALS", "StopOnSignal"]
+__all__ = ["STOP_SIGNALS", "StopOnSignal", "StopRequested"]

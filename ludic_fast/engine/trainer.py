@@ -48,18 +48,18 @@ import torch
 from torch import Tensor, nn
 from torch.profiler import record_function
 
-from ludic_fast.distributed.launch import all_ranks, average_gradients, full_parameters, global_max, global_sum
+from ludic_fast.distributed.launch import average_gradients, full_parameters, global_max, global_sum
 from ludic_fast.distributed.rank0 import Rank0Publisher
 from ludic_fast.distributed.stats import reduce_stats_across_ranks
 from ludic_fast.engine import model_setup
 from ludic_fast.engine.config import MIXED_PRECISION, EngineConfig
-from ludic_fast.engine.guard import diverged_loss
+from ludic_fast.engine.guard import diverged_loss, no_action_tokens
 from ludic_fast.engine.memory_estimate import estimate_peak_memory
 from ludic_fast.engine.objective import MicroBatch, Objective, T
 from ludic_fast.engine.publisher import PolicyPublisher, policy_params
 from ludic_fast.engine.schedule import lr_lambda
 from ludic_fast.engine.step_parts import grad_norm_and_clip, make_adamw, read_step_values
-from ludic_fast.engine.stop import StopOnSignal
+from ludic_fast.engine.stop import StopOnSignal, StopRequested
 from ludic_fast.integrations.transformers import LMHead, call_head, call_in_forward, final_hidden_states
 from ludic_fast.run.checkpoint import (
     CheckpointConfig,
@@ -71,6 +71,14 @@ from ludic_fast.run.checkpoint import (
 )
 from ludic_fast.run.sharded_checkpoint import ShardedCheckpointManager
 from ludic_fast.run.stats import group_log_stats
+
+
+def _action_tokens(micros: Sequence[MicroBatch]) -> dict[str, Tensor]:
+    """{"n": the action tokens of the step's micro-batches (action_mask at positions >= 1) as a 0-d tensor}, read
+    with the step's values (`read_step_values` replaces it by a float); {} when a micro-batch has no action_mask."""
+    if not micros or any("action_mask" not in m.batch for m in micros):
+        return {}
+    return {"n": torch.stack([m.batch["action_mask"][..., 1:].sum().float() for m in micros]).sum()}
 
 
 def is_data_parallel(model: nn.Module) -> bool:
@@ -278,12 +286,17 @@ class Engine:
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
             grad_norm_t = grad_norm_and_clip(self.params, self.cfg.max_grad_norm)
+        actions = _action_tokens(micros)
         with record_function("step/host_read"):  # the step's one host sync: the skip decision and the stats
             loss, grad_norm, tokens = read_step_values(total_loss, grad_norm_t, [m.batch for m in micros],
-                                                       micro_stats, self.device)
-        loss_finite = math.isfinite(loss)
-        if self.data_parallel:  # every rank skips, and gives up, at the same step
-            loss_finite = all_ranks(loss_finite)
+                                                       [*micro_stats, actions], self.device)
+        loss_finite, empty = math.isfinite(loss), actions.get("n") == 0
+        if self.data_parallel:  # one collective: every rank skips, gives up, or refuses at the same step
+            worst = global_max(2.0 * (not loss_finite) + (not empty))  # >= 2: a rank's loss is not finite
+            loss_finite, empty = worst < 2, worst == 0  # 0: every rank's batch is empty (and its loss 0)
+        if empty:  # the empty-batch guard (engine.guard), before the optimizer step
+            raise no_action_tokens(self.step_idx + 1, sum(m.size if m.examples is None else m.examples
+                                                          for m in micros), self.cfg.max_seq_len)
         finite = loss_finite and math.isfinite(grad_norm)
         with record_function("step/optimizer"):
             if finite:
@@ -429,14 +442,21 @@ class Engine:
     ) -> list[dict[str, Any]]:
         """`num_steps` train steps (eval at start / every n steps when configured); returns each step's stats.
         A stop requested through `stop` ends the loop after the current step (and its eval), with a checkpoint
-        of that step when checkpointing is on; `stopped_by` then names the signal."""
+        of that step when checkpointing is on; `stopped_by` then names the signal. A batch source that raises
+        `StopRequested` while a batch is fetched (`engine.stop`) ends it the same way, before that step."""
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
         history = []
         if self.cfg.eval_at_start and self.evaluator is not None:
             await self.eval()
         for _ in range(num_steps):
-            stats = await self.train_step()
+            try:
+                stats = await self.train_step()
+            except StopRequested:  # the batch source saw the stop while fetching: no step taken
+                if stop is None:
+                    raise
+                self._stop(stop)
+                break
             history.append(stats)
             if log_fn is not None:
                 log_fn(stats)
