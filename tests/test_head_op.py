@@ -41,7 +41,10 @@ def _run(fn, h, W, b, y, g_lp, g_H, **kw):
     return out, grads
 
 
-TEMPS = {"T1": 1.0, "T0.7": 0.7, "per_token": "per_token"}
+# T = 1 takes the transform's unit-temperature branch; any other T, scalar or per token, the per-row 1/T one
+# (a scalar fills the per-token tensor): per_token covers it; scalar T = 0.7 in test_each_upstream_gradient_alone
+# and test_memory_budget_sets_the_chunks
+TEMPS = {"T1": 1.0, "per_token": "per_token"}
 
 
 @pytest.mark.parametrize("V,chunk", [(1021, None), (1021, 37 * 16), (4099, 999), (50257, 16 * 4000)])
