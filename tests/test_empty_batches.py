@@ -1,4 +1,4 @@
-"""Runs that cannot get a usable batch (issue 43's Battleship run: a first message longer than
+"""Runs that cannot get a usable batch (a textarena Battleship run: a first message longer than
 --max-episode-tokens) end with one clear line instead of training nothing or refetching forever:
 
 - an episode whose prompt alone fills the token budget is not played (failed, reason "prompt_length", its
@@ -172,7 +172,7 @@ def test_a_stop_requested_while_fetching_ends_train_without_a_step(tmp_path):
 
 
 def test_cli_refuses_a_prompt_longer_than_the_budget_in_one_line(tmp_path, capsys):
-    """issue 43's Battleship run in small: --sft-steps 0, the first RL batch's prompts are too long."""
+    """The Battleship run in small: --sft-steps 0, the first RL batch's prompts are too long."""
     argv = ["train", "--env", "_env_faults:long_prompt", "--env-arg", "pad=60", "--max-episode-tokens", "40",
             "--sft-steps", "0", "--rl-steps", "3", "--prompts-per-batch", "2", "--group-size", "2",
             "--eval-every", "0", "--logger", "none", "--threads", "1", "--no-plot", "--output-dir", str(tmp_path)]
