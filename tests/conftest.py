@@ -15,11 +15,13 @@ if PRETEND_DIR not in sys.path:
 
 import _pretend_cuda  # noqa: E402
 
-# One torch intra-op thread per test process unless OMP_NUM_THREADS says otherwise (children inherit it).
-# make test runs two xdist workers on a 2-core machine; torch's default of one thread per core in each worker
-# oversubscribes the cores, and then every small op waits for a descheduled thread: at load 5,
-# test_preference.py::test_reference_twin_gradcheck_float64 took 88 s with two threads, 6 s with one.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# torch's intra-op threads: the cores shared out among the pytest-xdist workers (one each when make test runs
+# two workers on 2 cores), unless OMP_NUM_THREADS is set; child processes inherit the variable. torch's default
+# is one thread per core in each worker: the cores are then oversubscribed and every small op waits for a
+# descheduled thread (test_preference.py::test_reference_twin_gradcheck_float64 at load 5: 88 s with two
+# threads, 6 s with one).
+_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))))
 import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
