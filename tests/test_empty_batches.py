@@ -114,7 +114,7 @@ def _demo_args(max_episode_tokens: int) -> argparse.Namespace:
 
 def test_demonstrations_whose_prompt_fills_the_budget_are_left_out(tok, capsys):
     n = prompt_tokens(tok, LongPromptEnv(pad=60))
-    with pytest.raises(EmptyBatchError, match=f"8 of 8 demonstrations have a prompt of {n}..{n} tokens, at least "
+    with pytest.raises(EmptyBatchError, match=f"8 of 8 demonstrations have a prompt of {n} tokens, at least "
                                               f"--max-episode-tokens {n}: the SFT warm-up would train nothing"):
         env_train.demonstration_items(_demo_args(n), tok, lambda: LongPromptEnv(pad=60))
     mixed = iter([LongPromptEnv(pad=60)] * 4)

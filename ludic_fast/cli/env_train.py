@@ -169,8 +169,9 @@ def demonstration_items(args: argparse.Namespace, tok: Any, make_env: Callable[[
         items.append(SAWItem(input_ids=t.ids, attention_mask=[1] * len(t.ids), action_mask=t.action_mask,
                              weight=1.0, meta={"completion_length": sum(t.action_mask)}))
     if too_long:
-        what = (f"{len(too_long)} of {len(too_long) + len(items)} demonstrations have a prompt of "
-                f"{min(too_long)}..{max(too_long)} tokens, at least --max-episode-tokens {args.max_episode_tokens}")
+        span = f"{min(too_long)}..{max(too_long)}" if min(too_long) < max(too_long) else str(too_long[0])
+        what = (f"{len(too_long)} of {len(too_long) + len(items)} demonstrations have a prompt of {span} tokens, "
+                f"at least --max-episode-tokens {args.max_episode_tokens}")
         if not items:
             raise EmptyBatchError(f"{what}: the SFT warm-up would train nothing; raise --max-episode-tokens above "
                                   f"{max(too_long)}, or pass --sft-steps 0")
