@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic_fast.agents.libraries import import_library
-from ludic_fast.agents.libraries.verifiers import MODEL_NAME, VerifiersEnv, to_message
+from ludic_fast.agents.libraries.verifiers_v031 import MODEL_NAME, VerifiersEnv, to_message
 from ludic_fast.agents.protocol import AssistantTurn, Message, StepResult
 
 #: the harness this adapter runs (verifiers' tool-less chat loop, which calls MCP tools)
