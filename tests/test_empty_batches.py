@@ -171,6 +171,29 @@ def test_a_stop_requested_while_fetching_ends_train_without_a_step(tmp_path):
         make(Stopping()).train_sync(1)
 
 
+def test_a_stop_ends_train_while_the_objective_refetches_empty_batches():
+    """Any batch source (not only the env source) whose batches all come back empty: the objective refetches,
+    and a stop requested meanwhile (here by the source, at its 3rd fetch) ends train() with no step, instead of
+    refetching forever; outside train() nothing is watched."""
+    from ludic_fast.engine.stop import StopOnSignal
+
+    stop = StopOnSignal()
+
+    class EmptyBatches(ListSource):
+        async def next_batch(self):
+            if self.i == 2:
+                stop.signum = signal.SIGTERM
+            return await super().next_batch()
+
+    source = EmptyBatches([[]])
+    trainer = Trainer(model=tiny_model(), algo=make_sft(), batch_source=source,
+                      cfg=TrainerConfig(model_device="cpu", pad_token_id=0, sync_every_steps=0, max_seq_len=8,
+                                        micro_token_budget=64))
+    assert trainer.train_sync(5, stop=stop) == []
+    assert trainer.stopped_by == "SIGTERM" and trainer.step_idx == 0 and source.i == 3
+    assert trainer.stop_signal is None
+
+
 def test_cli_refuses_a_prompt_longer_than_the_budget_in_one_line(tmp_path, capsys):
     """The Battleship run in small: --sft-steps 0, the first RL batch's prompts are too long."""
     argv = ["train", "--env", "_env_faults:long_prompt", "--env-arg", "pad=60", "--max-episode-tokens", "40",

@@ -167,6 +167,8 @@ class Engine:
         self.skipped_steps = 0
         self.nonfinite_in_row = 0
         self.stopped_by: str | None = None
+        #: the stop of the running `train` call (None outside one): objectives that refetch batches check it
+        self.stop_signal: StopOnSignal | None = None
         self.checkpointer = None
         if checkpoint_config is not None:
             sharded = checkpoint_config.sharded if checkpoint_config.sharded is not None else self.data_parallel
@@ -443,10 +445,20 @@ class Engine:
         """`num_steps` train steps (eval at start / every n steps when configured); returns each step's stats.
         A stop requested through `stop` ends the loop after the current step (and its eval), with a checkpoint
         of that step when checkpointing is on; `stopped_by` then names the signal. A batch source that raises
-        `StopRequested` while a batch is fetched (`engine.stop`) ends it the same way, before that step."""
+        `StopRequested` while a batch is fetched (`engine.stop`; the RL objective does when `stop` is requested
+        while it refetches empty batches: `stop_signal`) ends it the same way, before that step."""
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
         history = []
+        self.stop_signal = stop
+        try:
+            await self._train_steps(num_steps, history, log_fn, stop)
+        finally:
+            self.stop_signal = None
+        return history
+
+    async def _train_steps(self, num_steps: int, history: list[dict[str, Any]],
+                           log_fn: Callable[[dict], None] | None, stop: StopOnSignal | None) -> None:
         if self.cfg.eval_at_start and self.evaluator is not None:
             await self.eval()
         for _ in range(num_steps):
@@ -465,7 +477,6 @@ class Engine:
             if stop is not None and stop.requested:
                 self._stop(stop)
                 break
-        return history
 
     def _stop(self, stop: StopOnSignal) -> None:
         self.stopped_by = stop.signal_name

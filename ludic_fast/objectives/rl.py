@@ -44,6 +44,7 @@ from ludic_fast.distributed.macro import macro_totals_across_ranks
 from ludic_fast.engine.config import head_options
 from ludic_fast.engine.guard import diverged_sampling, is_sampling_divergence
 from ludic_fast.engine.objective import EngineView, MicroBatch
+from ludic_fast.engine.stop import StopRequested
 from ludic_fast.integrations.transformers import LMHead
 from ludic_fast.objectives.logps import action_logps
 from ludic_fast.run.stats import Reducer, aggregate_stats
@@ -127,9 +128,13 @@ class RLObjective:
     # ------------------------------------------------------------------------------------------- data
     async def next_batch(self, engine: EngineView) -> SAWBatch:
         """The next batch with items; batches left empty by max_lag or preprocess are skipped, counted in
-        `empty_batches` (logged with the step) and reported on stderr at 1, 10, 100, ... in a row."""
+        `empty_batches` (logged with the step) and reported on stderr at 1, 10, 100, ... in a row. A stop
+        requested meanwhile (the engine's `stop_signal`) raises `StopRequested` before the next fetch."""
         empty = 0
         while True:
+            stop = getattr(engine, "stop_signal", None)
+            if empty and stop is not None and stop.requested:
+                raise StopRequested(f"{stop.signal_name} while refetching: {empty} batch(es) in a row were empty")
             if empty in (1, 10, 100, 1000, 10000):
                 log.warning(
                     "%d batch(es) in a row had every sample filtered out (max_lag / preprocess filters); "
