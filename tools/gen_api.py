@@ -38,7 +38,7 @@ MODULES = [
     ("ludic_fast.engine.config", "the engine's settings"),
     ("ludic_fast.engine.objective", "the Objective protocol the engine runs and the engine view it reads"),
     ("ludic_fast.engine.publisher", "the weight push to a rollout engine"),
-    ("ludic_fast.engine.guard", "the non-finite guard"),
+    ("ludic_fast.engine.guard", "the non-finite and empty-batch guards"),
     ("ludic_fast.engine.stop", "stop on SIGINT / SIGTERM after the current step"),
     ("ludic_fast.objectives.rl", "the RL (and SFT) objective and its settings"),
     ("ludic_fast.objectives.logps", "a frozen model's action log-probs"),
