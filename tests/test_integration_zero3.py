@@ -32,6 +32,17 @@ def _cpu_accelerator(monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
 
 
+def _gloo_all_reduce() -> None:
+    """In a rank, before DeepSpeed sets up its communication: no shared-memory all-reduce op. DeepSpeed compiles
+    that op for CPU ranks (C++, about a minute) in every new environment; without it DeepSpeed all-reduces with
+    torch.distributed (gloo here), which sums the same two ranks' gradients. These tests check our integration,
+    not DeepSpeed's CPU kernels (GPU ranks use NCCL, never this op)."""
+    import importlib
+
+    # by module name: the attribute deepspeed.comm.torch is the torch package (deepspeed.comm re-exports it)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
 def _model(tied: bool, lora_head: bool) -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = transformers.Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -110,6 +121,7 @@ def _check(rank: int, tied: bool, lora_head: bool, path: str) -> None:
 def _worker(rank: int, world: int) -> None:
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
+    _gloo_all_reduce()
     for tied, lora_head in [(False, False), (True, False), (False, True)]:
         for path in ("verl_forward", "ludic_cispo"):
             _check(rank, tied, lora_head, path)
@@ -147,6 +159,7 @@ def _trl_step(cls, tok, output_dir: str) -> tuple[dict[str, torch.Tensor], dict]
 
 
 def _trl_worker(rank: int, world: int, output_dir: str) -> None:
+    _gloo_all_reduce()
     import trl
 
     from ludic_fast.embedded import build_char_tokenizer
