@@ -15,10 +15,10 @@ vf = pytest.importorskip("verifiers", reason="verifiers is not installed (pip in
 if vf.__version__ != "0.3.1":  # 0.4.0: tests/test_verifiers_v04.py
     pytest.skip(f"verifiers {vf.__version__} is installed, not 0.3.1", allow_module_level=True)
 
-from _scripted_sampler import Replies, play, reasoning_char_tokenizer  # noqa: E402
+from _scripted_sampler import Replies, check_tool_episode_tokens, play, reasoning_char_tokenizer  # noqa: E402
 
 from ludic_fast.agents import EpisodeJob, EpisodeLimits, EpisodeRunner, episode_items  # noqa: E402
-from ludic_fast.agents.episode import ChatTokens, render_ids  # noqa: E402
+from ludic_fast.agents.episode import render_ids  # noqa: E402
 from ludic_fast.agents.libraries.verifiers import (  # noqa: E402
     VerifiersEnv,
     check_runnable,
@@ -149,17 +149,7 @@ def test_tool_episode_is_token_exact_and_verifiers_runs_the_tool(tok):
     schema = env.tool_schemas
     assert [s["function"]["name"] for s in schema] == ["add"]
     assert schema[0]["function"]["parameters"]["required"] == ["a", "b"]
-    toks = ep.tokens
-    assert toks.ids[: toks.turns[0].start] == render_ids(tok, ep.messages[:2], tools=schema,
-                                                         add_generation_prompt=True)
-    assert "|tools:add" in tok.decode(toks.ids[: toks.turns[0].start])
-    assert [t for t, m in zip(toks.ids, toks.action_mask) if m] == [t for s in sampler.sampled for t in s]
-    assert tok.decode(toks.ids[toks.turns[0].end : toks.turns[1].start]) == "\n[T]109\n[A]"  # add's result
-    call = ep.messages[2]
-    assert call["tool_calls"] == [{"type": "function", "function": {"name": "add", "arguments": {"a": 61, "b": 48}}}]
-    chat = ChatTokens(tok, [tok.eos_token_id], tools=schema)
-    assert chat.observation_ids(ep.messages[:2], call, [ep.messages[3]]) == \
-        toks.ids[toks.turns[0].end : toks.turns[1].start]
+    check_tool_episode_tokens(tok, ep, sampler, schema, "add")
 
 
 def test_per_component_rewards_are_logged_by_the_batch_source(tok):

@@ -22,10 +22,10 @@ if verifiers.__version__ != "0.4.0":
     pytest.skip(f"verifiers {verifiers.__version__} is installed, not 0.4.0", allow_module_level=True)
 
 import verifiers.v1 as vf  # noqa: E402
-from _scripted_sampler import Replies, play, reasoning_char_tokenizer  # noqa: E402
+from _scripted_sampler import Replies, check_tool_episode_tokens, play, reasoning_char_tokenizer  # noqa: E402
 
 from ludic_fast.agents import EpisodeJob, EpisodeLimits, EpisodeRunner  # noqa: E402
-from ludic_fast.agents.episode import ChatTokens, render_ids  # noqa: E402
+from ludic_fast.agents.episode import render_ids  # noqa: E402
 from ludic_fast.agents.libraries import verifiers_v04  # noqa: E402
 from ludic_fast.agents.libraries.verifiers import make_env  # noqa: E402
 
@@ -124,18 +124,7 @@ def test_tool_episode_is_token_exact_and_verifiers_runs_the_tool(tok):
     schema = env.tool_schemas
     assert [s["function"]["name"] for s in schema] == ["calc_add"]
     assert schema[0]["function"]["parameters"]["required"] == ["a", "b"]
-    toks = ep.tokens
-    assert toks.ids[: toks.turns[0].start] == render_ids(tok, ep.messages[:2], tools=schema,
-                                                         add_generation_prompt=True)
-    assert "|tools:calc_add" in tok.decode(toks.ids[: toks.turns[0].start])
-    assert [t for t, m in zip(toks.ids, toks.action_mask) if m] == [t for s in sampler.sampled for t in s]
-    assert tok.decode(toks.ids[toks.turns[0].end : toks.turns[1].start]) == "\n[T]109\n[A]"  # the server's add
-    call = ep.messages[2]
-    assert call["tool_calls"] == [{"type": "function",
-                                   "function": {"name": "calc_add", "arguments": {"a": 61, "b": 48}}}]
-    chat = ChatTokens(tok, [tok.eos_token_id], tools=schema)
-    assert chat.observation_ids(ep.messages[:2], call, [ep.messages[3]]) == \
-        toks.ids[toks.turns[0].end : toks.turns[1].start]
+    check_tool_episode_tokens(tok, ep, sampler, schema, "calc_add")
 
 
 def test_a_rollout_the_runner_cuts_short_is_cancelled(tok):
