@@ -449,16 +449,15 @@ class Engine:
         while it refetches empty batches: `stop_signal`) ends it the same way, before that step."""
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
-        history = []
         self.stop_signal = stop
         try:
-            await self._train_steps(num_steps, history, log_fn, stop)
+            return await self._train_steps(num_steps, log_fn, stop)
         finally:
             self.stop_signal = None
-        return history
 
-    async def _train_steps(self, num_steps: int, history: list[dict[str, Any]],
-                           log_fn: Callable[[dict], None] | None, stop: StopOnSignal | None) -> None:
+    async def _train_steps(self, num_steps: int, log_fn: Callable[[dict], None] | None,
+                           stop: StopOnSignal | None) -> list[dict[str, Any]]:
+        history = []
         if self.cfg.eval_at_start and self.evaluator is not None:
             await self.eval()
         for _ in range(num_steps):
@@ -477,6 +476,7 @@ class Engine:
             if stop is not None and stop.requested:
                 self._stop(stop)
                 break
+        return history
 
     def _stop(self, stop: StopOnSignal) -> None:
         self.stopped_by = stop.signal_name
