@@ -7,9 +7,7 @@ episode's last step; then `items.episode_items` under the credit assigner. Group
 are dropped whole. An episode whose prompt alone fills the runner's `max_tokens` is not played (status "failed",
 reason "prompt_length": `EpisodeRunner`): such episodes are counted (episode_prompt_too_long) and logged, and a
 batch in which every episode was one raises `engine.guard.EmptyBatchError` naming the prompts' length and
---max-episode-tokens (the run would otherwise fetch empty batches forever). `stop_requested()` (optional, e.g.
-`lambda: stop.signum is not None`) is checked before each batch: once true, `next_batch` raises
-`engine.stop.StopRequested`, so a stop is not kept waiting by a loop that refetches empty batches.
+--max-episode-tokens (the run would otherwise fetch empty batches forever).
 
 Batch meta, logged with the step: avg_total_reward (over the non-failed episodes), target_rollouts, and the episode
 statistics episode_turns_mean, episode_tool_calls_mean, episode_tool_errors_mean, episode_failed /
@@ -35,7 +33,6 @@ from ludic_fast.agents.runner import PROMPT_TOO_LONG, Episode, EpisodeJob, Episo
 from ludic_fast.data.filters import apply_filter
 from ludic_fast.data.types import CreditAssigner, SampleFilter, SAWBatch
 from ludic_fast.engine.guard import EmptyBatchError
-from ludic_fast.engine.stop import StopRequested
 from ludic_fast.run.loggers import keep_jsonl_records
 
 log = logging.getLogger("ludic_fast.agents")
@@ -60,8 +57,7 @@ class EnvBatchSource:
     def __init__(self, *, make_env: Callable[[], Env], runner: EpisodeRunner, credit_assigner: CreditAssigner,
                  seeds_per_batch: int, group_size: int, seed: int = 0, per: str = "episode",
                  rewards: WeightedRewards | None = None, sample_filter: SampleFilter | None = None,
-                 episode_log: str | Path | None = None, log_episodes: int = 4,
-                 stop_requested: Callable[[], bool] | None = None):
+                 episode_log: str | Path | None = None, log_episodes: int = 4):
         if seeds_per_batch < 1 or group_size < 1:
             raise ValueError(f"seeds_per_batch and group_size must be >= 1, got {seeds_per_batch}, {group_size}")
         if log_episodes < 0:
@@ -71,7 +67,6 @@ class EnvBatchSource:
         self.rewards, self.sample_filter = rewards, sample_filter
         self.episode_log = None if episode_log is None else Path(episode_log)
         self.log_episodes = log_episodes
-        self.stop_requested = stop_requested
         self.batches = 0
 
     def jobs(self) -> list[EpisodeJob]:
@@ -110,8 +105,6 @@ class EnvBatchSource:
         return parts
 
     async def next_batch(self) -> SAWBatch:
-        if self.stop_requested is not None and self.stop_requested():
-            raise StopRequested(f"stop requested before batch {self.batches}")
         episodes = await self.runner.run(self.jobs(), seed=_mix(self.seed, self.batches, "sampling"))
         too_long = self._prompts_too_long(episodes)
         parts = self._score(episodes)

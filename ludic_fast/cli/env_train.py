@@ -27,7 +27,6 @@ from ludic_fast.agents.tools import as_tools
 from ludic_fast.cli.validation import UsageError
 from ludic_fast.data.types import SAWItem
 from ludic_fast.engine.guard import EmptyBatchError
-from ludic_fast.engine.stop import StopOnSignal
 from ludic_fast.registry import load_attr
 from ludic_fast.rollout.sampler import SamplingConfig
 
@@ -181,10 +180,8 @@ def demonstration_items(args: argparse.Namespace, tok: Any, make_env: Callable[[
     return items
 
 
-def env_source(args: argparse.Namespace, engine: Any, tok: Any, algo: Any, out: Path | None,
-               stop: StopOnSignal | None = None) -> EnvBatchSource:
-    """The RL batches: --prompts-per-batch seeds x --group-size episodes, the preset's credit assigner; `stop`'s
-    signal ends a fetch that keeps meeting empty batches (`EnvBatchSource` stop_requested)."""
+def env_source(args: argparse.Namespace, engine: Any, tok: Any, algo: Any, out: Path | None) -> EnvBatchSource:
+    """The RL batches: --prompts-per-batch seeds x --group-size episodes, the preset's credit assigner."""
     runner = EpisodeRunner(engine, tok, limits=limits(args),
                            sampling=SamplingConfig(temperature=args.temperature, max_new_tokens=args.max_new_tokens))
     return EnvBatchSource(
@@ -192,7 +189,6 @@ def env_source(args: argparse.Namespace, engine: Any, tok: Any, algo: Any, out: 
         seeds_per_batch=args.prompts_per_batch, group_size=args.group_size, seed=args.seed, per=args.episode_items,
         rewards=env_rewards(args), episode_log=None if out is None or args.episode_log == 0 else out / EPISODE_LOG,
         log_episodes=args.episode_log,
-        stop_requested=None if stop is None else lambda: stop.signum is not None,  # this process's signal
     )
 
 

@@ -138,8 +138,7 @@ def run_rl(
     algo = make_algorithm(args)
     engine = build_engine(args, model, tok)
     if args.env:
-        source = env_train.env_source(args, engine, tok, algo, Path(args.output_dir) if args.output_dir else None,
-                                      stop=stop)
+        source = env_train.env_source(args, engine, tok, algo, Path(args.output_dir) if args.output_dir else None)
     else:
         source = build_rollout_source(args, engine, tok, task, algo)
     evaluator = None

@@ -6,9 +6,9 @@ the current optimizer step; a second SIGINT ends the process at once (exit 130, 
     if stop.requested:
         return stop.exit_code               # 128 + the signal's number: 130 (SIGINT), 143 (SIGTERM)
 
-A batch source that can wait a long time for a usable batch (an environment whose every episode fails)
-checks the request itself (`stop_requested=lambda: stop.signum is not None`: this process's signal) and raises
-`StopRequested` before fetching more; `Engine.train` then ends as after a step, without taking one.
+A batch source that can wait a long time for a usable batch (the Redis pipeline's) checks the request itself and
+raises `StopRequested`; so does the RL objective before it refetches after an empty batch (`Engine.stop_signal`,
+the running `train` call's stop). `Engine.train` then ends as after a step, without taking one.
 
 The handlers are installed only from the main thread (Python delivers signals there); elsewhere the object
 never reports a request. Installing ours before `asyncio.run` keeps asyncio from installing its own SIGINT
