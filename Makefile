@@ -132,50 +132,25 @@ $(NEWEST_STAMP): $(call stale,$(NEWEST_STAMP),$(PINS))
 demo: $(STAMP)
 	$(VENV)/bin/ludic-fast demo
 
-# Once .venv is built, the other venvs build in the background (mostly downloads; log in build/venvs.log) while
-# the unit suite runs: triton 3.6's (small) beside verl's, then vLLM's. Every stage runs even after one fails,
-# each prints its time, and make test fails if any did. The interpreter suite runs whole on triton 3.6 (the GPU
-# image's, the floor) and as a smoke on .venv's triton (INTERPRET_SMOKE: all five launchers, and the head
-# gradient and the divergence kernel against the float64 reference): the kernels have no version branches, and
-# the unit suite compiles every kernel on .venv's triton (tests/test_kernel_compile.py) as the triton 3.6 stage does.
-# The unit, triton 3.6 interpreter and vLLM stages leave build/junit-<stage>.xml: `python tools/suite_durations.py
-# build/junit-unit.xml` prints the seconds per test file and the slowest tests.
+# tools/make_test.sh runs the stages: .venv, then the unit suite while the other venvs build in the background (log
+# in build/venvs.log), then three lanes at once: kernels (the interpreter smoke on .venv's triton, the kernel compile
+# test and the interpreter suite on triton 3.6, the GPU image's and the floor), vllm (verl's tests, then vLLM's),
+# verifiers (verifiers 0.4's). Every stage runs even after one fails, each prints its time, and make test fails if
+# any did. The interpreter suite runs whole on triton 3.6 and as a smoke on .venv's triton (INTERPRET_SMOKE: all five
+# launchers, and the head gradient and the divergence kernel against the float64 reference): the kernels have no
+# version branches, and the unit suite compiles every kernel on .venv's triton (tests/test_kernel_compile.py) as the
+# triton 3.6 stage does. The unit, interpreter and vLLM stages leave build/junit-<stage>.xml: `python
+# tools/suite_durations.py build/junit-unit.xml` prints the seconds per test file and the slowest tests.
 INTERPRET_SMOKE ?= tests/interpret/test_launch_device.py \
   tests/interpret/test_head_numerics_kernels.py::test_target_id_zero_gets_its_logprob_gradient \
   tests/interpret/test_divergence_rows.py::test_row_maximum_in_the_tail_block_and_target_zero
 # make's own name hidden from the recipe, so that `make -n test` prints it instead of running the venv builds
 SUBMAKE = $(MAKE) --no-print-directory
-test: SHELL := /bin/bash
 test:
-	@status=0; failed=""; mkdir -p build; : > build/venvs.log; \
-	stage() { local name=$$1 t=$$SECONDS rc=0; shift; echo "== make test: $$name"; "$$@" || rc=$$?; \
-	  [ $$rc = 0 ] || { status=1; failed="$$failed $$name"; }; echo "== make test: $$name took $$((SECONDS - t)) s"; \
-	  return $$rc; }; \
-	built() { wait $$1 || { echo "== make test: building $$2 failed (build/venvs.log):"; cat build/venvs.log; false; }; }; \
-	stage venv $(SUBMAKE) $(STAMP); \
-	$(SUBMAKE) $(TRITON36_STAMP) >> build/venvs.log 2>&1 & t36=$$!; \
-	$(SUBMAKE) $(VERL_STAMP) $(VLLM_STAMP) >> build/venvs.log 2>&1 & side=$$!; \
-	$(SUBMAKE) $(VERIFIERS_STAMP) >> build/venvs.log 2>&1 & vf04=$$!; \
-	if [ $$status = 0 ]; then \
-	  stage unit $(PY) -m pytest $(XDIST) -q -rfEs --junitxml=build/junit-unit.xml tests --ignore=tests/interpret; \
-	  stage interpreter-smoke env TRITON_INTERPRET=1 $(PY) -m pytest -q -rfEs $(INTERPRET_SMOKE); \
-	fi; \
-	if stage venv-triton36 built $$t36 $(TRITON36_VENV); then \
-	  stage compile-triton36 $(TRITON36_PY) -m pytest -q -rfEs tests/test_kernel_compile.py; \
-	  stage interpreter-triton36 env TRITON_INTERPRET=1 $(TRITON36_PY) -m pytest $(XDIST) -q -rfEs \
-	    --junitxml=build/junit-interpreter.xml tests/interpret; \
-	fi; \
-	if stage venvs-verl-vllm built $$side "$(VERL_VENV) / $(VLLM_VENV)"; then \
-	  stage verl env LUDIC_FAST_REQUIRE_VERL=1 $(VERL_PY) -m pytest -q -rfEs tests/test_integration_verl.py; \
-	  stage vllm env LUDIC_FAST_REQUIRE_VLLM=$$(test -e $(VLLM_VENV)/no-vllm && echo 0 || echo 1) \
-	    $(VLLM_PY) -m pytest -q -rfEs --junitxml=build/junit-vllm.xml tests/test_vllm*.py; \
-	fi; \
-	if stage venv-verifiers built $$vf04 $(VERIFIERS_VENV); then \
-	  stage verifiers-0.4 env PATH="$(CURDIR)/$(VERIFIERS_VENV)/bin:$$PATH" \
-	    LUDIC_FAST_REQUIRE_VERIFIERS=$$(test -e $(VERIFIERS_VENV)/no-verifiers && echo 0 || echo 1) \
-	    $(VERIFIERS_PY) -m pytest -q -rfEs tests/test_verifiers_v04.py; \
-	fi; \
-	echo "== make test: $$SECONDS s in all; failed:$${failed:- none}"; exit $$status
+	@PY=$(PY) XDIST="$(XDIST)" INTERPRET_SMOKE="$(strip $(INTERPRET_SMOKE))" SUBMAKE="$(SUBMAKE)" STAMP=$(STAMP) \
+	  TRITON36_PY=$(TRITON36_PY) TRITON36_STAMP=$(TRITON36_STAMP) VERL_PY=$(VERL_PY) VERL_STAMP=$(VERL_STAMP) \
+	  VLLM_PY=$(VLLM_PY) VLLM_VENV=$(VLLM_VENV) VLLM_STAMP=$(VLLM_STAMP) VERIFIERS_PY=$(VERIFIERS_PY) \
+	  VERIFIERS_VENV=$(VERIFIERS_VENV) VERIFIERS_STAMP=$(VERIFIERS_STAMP) bash tools/make_test.sh
 
 test-pretend-cuda: $(STAMP)
 	LUDIC_FAST_PRETEND_CUDA=1 $(PY) -m pytest -q tests --ignore=tests/interpret

@@ -1,0 +1,73 @@
+"""tools/make_test.sh (`make test`): its lanes run every stage even after one fails, each line prefixed with its
+lane; a failed stage, a failed venv build or a lane that ends abnormally fails the whole run, named in its last line.
+Run here with stand-ins for the venvs' pythons and for make."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "make_test.sh"
+VENVS = {"PY": "main", "TRITON36_PY": "t36", "VERL_PY": "verl", "VLLM_PY": "vllm", "VERIFIERS_PY": "vf"}
+
+
+def _executable(path: Path, text: str) -> None:
+    path.write_text("#!/usr/bin/env bash\n" + text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def _run(tmp_path: Path, fail_pytest_of: dict[str, str] | None = None,
+         fail_build: str = "") -> subprocess.CompletedProcess:
+    """make_test.sh in tmp_path, each venv's python a stand-in that prints its venv and arguments (and, where
+    `fail_pytest_of` names its venv, fails or kills its lane), make a stand-in that fails for the stamp `fail_build`."""
+    fail_pytest_of = fail_pytest_of or {}
+    env = {"PATH": os.environ["PATH"], "XDIST": "-n 2", "INTERPRET_SMOKE": "smoke_a smoke_b",
+           "SUBMAKE": str(tmp_path / "make"), "STAMP": "main-stamp", "TRITON36_STAMP": "t36-stamp",
+           "VERL_STAMP": "verl-stamp", "VLLM_STAMP": "vllm-stamp", "VERIFIERS_STAMP": "vf-stamp",
+           "VLLM_VENV": "vllm", "VERIFIERS_VENV": "vf"}
+    for var, venv in VENVS.items():
+        (tmp_path / venv).mkdir()
+        code = {"fail": "exit 1", "kill": "kill -9 $PPID"}.get(fail_pytest_of.get(venv, ""), "exit 0")
+        _executable(tmp_path / venv / "python", f'echo "ran {venv}: $*"\n{code}\n')
+        env[var] = f"{venv}/python"
+    _executable(tmp_path / "make", f'for s in "$@"; do [ "$s" = "{fail_build}" ] && exit 2; done; exit 0\n')
+    return subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_every_stage_runs_in_its_lane_and_a_green_run_exits_0(tmp_path):
+    run = _run(tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert "ran main: -m pytest -n 2 -q -rfEs --junitxml=build/junit-unit.xml tests --ignore=tests/interpret" in lines
+    assert "[kernels] ran main: -m pytest -q -rfEs smoke_a smoke_b" in lines
+    assert "[kernels] ran t36: -m pytest -q -rfEs tests/test_kernel_compile.py" in lines
+    assert any(line.startswith("[kernels] ran t36: -m pytest -n 2") and line.endswith("tests/interpret")
+               for line in lines)
+    assert "[vllm] ran verl: -m pytest -q -rfEs tests/test_integration_verl.py" in lines
+    assert any(line.startswith("[vllm] ran vllm:") for line in lines)
+    assert "[verifiers] ran vf: -m pytest -q -rfEs tests/test_verifiers_v04.py" in lines
+    assert lines[-1].endswith("failed: none")
+
+
+@pytest.mark.parametrize(("fail_pytest_of", "fail_build", "named"), [
+    ({"vllm": "fail"}, "", "vllm"), ({"t36": "fail"}, "", "compile-triton36 interpreter-triton36"),
+    ({}, "vf-stamp", "venv-verifiers"), ({"main": "fail"}, "", "unit interpreter-smoke"),
+    ({"vf": "kill"}, "", "verifiers"),  # the lane itself killed: it left no record, so it is named
+])
+def test_a_failure_anywhere_fails_the_run_and_the_other_stages_still_run(tmp_path, fail_pytest_of, fail_build,
+                                                                           named):
+    run = _run(tmp_path, fail_pytest_of, fail_build)
+    assert run.returncode == 1, run.stdout + run.stderr
+    last = run.stdout.splitlines()[-1]
+    assert set(last.split("failed:")[1].split()) == set(named.split()), last
+    assert "[vllm] ran verl:" in run.stdout and "[kernels] ran t36: -m pytest -n 2" in run.stdout  # the rest ran
+
+
+def test_a_venv_that_does_not_build_skips_the_unit_stage_and_the_kernels_lane(tmp_path):
+    run = _run(tmp_path, fail_build="main-stamp")
+    assert run.returncode == 1 and "[kernels]" not in run.stdout and "ran main:" not in run.stdout
+    assert "[vllm] ran verl:" in run.stdout and run.stdout.splitlines()[-1].endswith("failed: venv")

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# `make test`'s stages (the Makefile's `test` target sets the variables below). .venv is built first; the other
+# venvs build in the background while the unit suite runs (mostly downloads; log in build/venvs.log). After the unit
+# suite, three lanes run at once, each its stages in order, each line of output prefixed with its lane's name:
+#   kernels     the interpreter smoke (.venv's triton), the kernel compile test and the interpreter suite (triton 3.6)
+#   vllm        verl's tests (.venv-verl), then vLLM's (.venv-vllm)
+#   verifiers   verifiers 0.4's tests (.venv-verifiers)
+# The vllm and verifiers lanes keep about one core busy each (process starts, a served model), the kernels lane two:
+# run one after another they left a core idle for most of their ~370 s. Every stage runs even after one fails, each
+# prints its time, and the exit status is 1 if any failed.
+set -u
+: "${PY:?} ${XDIST:?} ${INTERPRET_SMOKE:?} ${SUBMAKE:?} ${STAMP:?}"
+: "${TRITON36_PY:?} ${TRITON36_STAMP:?} ${VERL_PY:?} ${VERL_STAMP:?} ${VLLM_PY:?} ${VLLM_VENV:?} ${VLLM_STAMP:?}"
+: "${VERIFIERS_PY:?} ${VERIFIERS_VENV:?} ${VERIFIERS_STAMP:?}"
+
+status=0 failed=""
+mkdir -p build
+: > build/venvs.log
+rm -f build/built-* build/lane-*.failed
+
+stage() {  # stage NAME COMMAND...: runs it, prints its time, records a failure
+    local name=$1 t=$SECONDS rc=0
+    shift
+    echo "== make test: $name"
+    "$@" || rc=$?
+    [ $rc = 0 ] || { status=1; failed="$failed $name"; }
+    echo "== make test: $name took $((SECONDS - t)) s"
+    return $rc
+}
+
+build_in_background() {  # build_in_background NAME STAMP...: builds the venvs, then leaves build/built-NAME
+    { $SUBMAKE "${@:2}" >> build/venvs.log 2>&1; echo $? > "build/built-$1"; } &
+}
+
+built() {  # built NAME: waits for the background build NAME; fails, with the build's log, if it failed
+    while [ ! -e "build/built-$1" ]; do sleep 1; done
+    [ "$(cat "build/built-$1")" = 0 ] && return 0
+    echo "== make test: building $1 failed (build/venvs.log):"
+    cat build/venvs.log
+    return 1
+}
+
+kernels_lane() {
+    stage interpreter-smoke env TRITON_INTERPRET=1 "$PY" -m pytest -q -rfEs $INTERPRET_SMOKE
+    if stage venv-triton36 built triton36; then
+        stage compile-triton36 "$TRITON36_PY" -m pytest -q -rfEs tests/test_kernel_compile.py
+        stage interpreter-triton36 env TRITON_INTERPRET=1 "$TRITON36_PY" -m pytest $XDIST -q -rfEs \
+            --junitxml=build/junit-interpreter.xml tests/interpret
+    fi
+}
+
+vllm_lane() {
+    stage venvs-verl-vllm built verl-vllm || return
+    stage verl env LUDIC_FAST_REQUIRE_VERL=1 "$VERL_PY" -m pytest -q -rfEs tests/test_integration_verl.py
+    stage vllm env LUDIC_FAST_REQUIRE_VLLM="$(test -e "$VLLM_VENV/no-vllm" && echo 0 || echo 1)" \
+        "$VLLM_PY" -m pytest -q -rfEs --junitxml=build/junit-vllm.xml tests/test_vllm*.py
+}
+
+verifiers_lane() {
+    stage venv-verifiers built verifiers || return
+    stage verifiers-0.4 env PATH="$PWD/$VERIFIERS_VENV/bin:$PATH" \
+        LUDIC_FAST_REQUIRE_VERIFIERS="$(test -e "$VERIFIERS_VENV/no-verifiers" && echo 0 || echo 1)" \
+        "$VERIFIERS_PY" -m pytest -q -rfEs tests/test_verifiers_v04.py
+}
+
+start_lane() {  # start_lane NAME: runs NAME_lane in the background, its lines prefixed, its failures kept in a file
+    { status=0 failed=""; "$1_lane"; echo "$failed" > "build/lane-$1.failed"; } 2>&1 | sed -u "s/^/[$1] /" &
+}
+
+stage venv $SUBMAKE "$STAMP"
+build_in_background triton36 "$TRITON36_STAMP"
+build_in_background verl-vllm "$VERL_STAMP" "$VLLM_STAMP"
+build_in_background verifiers "$VERIFIERS_STAMP"
+lanes="vllm verifiers"
+if [ $status = 0 ]; then
+    stage unit "$PY" -m pytest $XDIST -q -rfEs --junitxml=build/junit-unit.xml tests --ignore=tests/interpret
+    lanes="kernels $lanes"
+fi
+for lane in $lanes; do start_lane "$lane"; done
+wait
+for lane in $lanes; do  # a lane that left no file ended abnormally
+    failed="$failed$(cat "build/lane-$lane.failed" 2>/dev/null || echo " $lane")"
+done
+[ -z "$failed" ] || status=1
+echo "== make test: $SECONDS s in all; failed:${failed:- none}"
+exit $status
