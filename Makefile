@@ -1,13 +1,13 @@
 # On a fresh CPU machine, each building its own virtual environment from nothing:
 #   make demo   runs the main job on the embedded default (CPU, no download)
-#   make test   runs the whole test suite on two pytest-xdist workers where it can (TEST_JOBS): the unit tests
-#               and a Triton-interpreter smoke in .venv, then the kernel compile test and the interpreter suite
-#               (in their own processes) in .venv-triton36, on triton 3.6.0, the GPU image's Triton and the
-#               declared floor (a kernel that spills or fails there fails make test), then the verl integration
-#               tests in .venv-verl, where verl 0.9.1 is installed with its own pins, then the vLLM tests in
-#               .venv-vllm, on vLLM's CPU build with its own pins, then the verifiers 0.4.0 tests in
-#               .venv-verifiers (0.4.0 pins mcp 2, .venv's 0.3.1 mcp<2); each venv is built once and rebuilt only
-#               when the content of its pins (pyproject.toml, setup.py) changes
+#   make test   runs the whole test suite on two pytest-xdist workers where it can (TEST_JOBS): the unit tests in
+#               .venv, then three lanes at once: a Triton-interpreter smoke in .venv, the kernel compile test and the
+#               interpreter suite in .venv-triton36, on triton 3.6.0, the GPU image's Triton and the declared floor
+#               (a kernel that spills or fails there fails make test); the verl integration tests in .venv-verl,
+#               where verl 0.9.1 is installed with its own pins, then the vLLM tests in .venv-vllm, on vLLM's CPU
+#               build with its own pins; the verifiers 0.4.0 tests in .venv-verifiers (0.4.0 pins mcp 2, .venv's
+#               0.3.1 mcp<2); each venv is built once and rebuilt only when the content of its pins
+#               (pyproject.toml, setup.py) changes (tools/make_test.sh)
 #   make test-pretend-cuda   the unit and interpreter suites as if this machine had one CUDA device
 #               (LUDIC_FAST_PRETEND_CUDA=1, tests/conftest.py; gpu tests deselected): a device default that leaks
 #               into a CPU test fails here ("Torch not compiled with CUDA enabled"); not part of make test
@@ -132,8 +132,8 @@ $(NEWEST_STAMP): $(call stale,$(NEWEST_STAMP),$(PINS))
 demo: $(STAMP)
 	$(VENV)/bin/ludic-fast demo
 
-# tools/make_test.sh runs the stages: .venv, then the unit suite while the other venvs build in the background (log
-# in build/venvs.log), then three lanes at once: kernels (the interpreter smoke on .venv's triton, the kernel compile
+# tools/make_test.sh runs the stages: .venv while the other venvs build in the background (log in build/venvs.log),
+# the unit suite, then three lanes at once: kernels (the interpreter smoke on .venv's triton, the kernel compile
 # test and the interpreter suite on triton 3.6, the GPU image's and the floor), vllm (verl's tests, then vLLM's),
 # verifiers (verifiers 0.4's). Every stage runs even after one fails, each prints its time, and make test fails if
 # any did. The interpreter suite runs whole on triton 3.6 and as a smoke on .venv's triton (INTERPRET_SMOKE: all five
