@@ -23,6 +23,7 @@ import torch
 redis = pytest.importorskip("redis", reason="needs the redis Python client")
 pytest.importorskip("msgpack", reason="needs msgpack")
 
+import _forked as forked  # noqa: E402
 from _redis import needs_server  # noqa: E402
 
 from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWItem  # noqa: E402
@@ -84,6 +85,8 @@ def test_codec_roundtrip_and_malformed_payloads():
 
 # ------------------------------------------------------------------------ never reached vs lost later
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "pipeline_rl"
+# what the pipeline scripts import when they run: imported once in this process, inherited by the forked ones
+PRELOAD = ("ludic_fast.cli.train", "ludic_fast.distributed.pipeline_ranks", "ludic_fast.engine.stop")
 
 
 def _closed_port_url() -> str:
@@ -432,7 +435,7 @@ def _wait(cond, what: str, timeout: float = 150.0) -> None:
 
 @needs_server
 def test_actor_and_learner_processes_survive_redis_restart(redis_server, tmp_path):
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("fork")  # the processes inherit this one's imports (torch, the pipeline)
     learner_log, actor_log = tmp_path / "learner.jsonl", tmp_path / "actor.jsonl"
     learner = ctx.Process(target=_learner_main, args=(redis_server.url, str(learner_log)))
     actor = ctx.Process(target=_actor_main, args=(redis_server.url, str(actor_log), STEPS))
@@ -520,34 +523,40 @@ def _stderr_until(proc: subprocess.Popen, marker: str, timeout: float = 120.0) -
 @needs_server
 def test_example_scripts_stop_on_sigint_and_sigterm(redis_server):
     """The learner waiting for its first batch (no actor) stops on SIGINT: exit 130, the actors told to stop,
-    one closing line, no traceback; the actor waiting for the first weights (no learner) stops on SIGTERM: 143."""
+    one closing line, no traceback; the actor waiting for the first weights (no learner) stops on SIGTERM: 143.
+    Both run at once, forked from this process (tests/_forked.py); test_example_actor_and_learner_scripts_run
+    starts the scripts in fresh interpreters."""
     common = ["--redis-url", redis_server.url, "--prompts-per-batch", "2", "--group-size", "2", "--threads", "1",
               "--device", "cpu", "--logger", "none"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    actor_main, learner_main = (forked.script_main(EXAMPLES / name, PRELOAD) for name in ("actor.py", "learner.py"))
     client = redis.Redis.from_url(redis_server.url)
-    refused = subprocess.run([sys.executable, str(EXAMPLES / "learner.py"), *common, "--checkpoint-every", "5"],
-                             capture_output=True, text=True, env=env, timeout=120)
-    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    refused = forked.run(lambda: learner_main([*common, "--checkpoint-every", "5"]), timeout=120)
+    assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1, refused.stderr
     assert "--checkpoint-every/--resume need --output-dir" in refused.stderr
-    actor = subprocess.Popen([sys.executable, str(EXAMPLES / "actor.py"), *common, "--prefix", "sig-a",
-                              "--actor-id", "a0"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    _stderr_until(actor, "waiting for the learner's first weights")
-    actor.send_signal(signal.SIGTERM)
-    out, err = actor.communicate(timeout=30)
-    assert actor.returncode == 143, err
-    assert "Traceback" not in err and err.splitlines()[-1].startswith("[actor a0] stopped by SIGTERM: pushed 0 items")
-    learner = subprocess.Popen([sys.executable, str(EXAMPLES / "learner.py"), *common, "--prefix", "sig-l",
-                                "--sft-steps", "0", "--rl-steps", "5", "--eval-every", "0"],
-                               stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 120
-    while client.hget("sig-l:weights", "version") is None:  # published version 0: now waiting for a batch
-        assert time.monotonic() < deadline and learner.poll() is None, "the learner never published"
-        time.sleep(0.1)
-    learner.send_signal(signal.SIGINT)
-    out, err = learner.communicate(timeout=60)  # it does not wait for the batch that no actor sends
-    assert learner.returncode == 130, err
-    assert "Traceback" not in err and "[learner] stopped by SIGINT after RL step 0" in err.splitlines()[-1]
-    assert client.exists("sig-l:done")
+    actor = forked.start(lambda: actor_main([*common, "--prefix", "sig-a", "--actor-id", "a0"]), stdout=forked.PIPE,
+                         stderr=forked.PIPE)
+    learner = forked.start(lambda: learner_main([*common, "--prefix", "sig-l", "--sft-steps", "0", "--rl-steps", "5",
+                                                 "--eval-every", "0"]), stdout=forked.PIPE, stderr=forked.PIPE)
+    try:
+        _stderr_until(actor, "waiting for the learner's first weights")
+        actor.send_signal(signal.SIGTERM)
+        out, err = actor.communicate(timeout=30)
+        assert actor.returncode == 143, err
+        assert "Traceback" not in err
+        assert err.splitlines()[-1].startswith("[actor a0] stopped by SIGTERM: pushed 0 items")
+        deadline = time.monotonic() + 120
+        while client.hget("sig-l:weights", "version") is None:  # published version 0: now waiting for a batch
+            assert time.monotonic() < deadline and learner.poll() is None, "the learner never published"
+            time.sleep(0.05)
+        learner.send_signal(signal.SIGINT)
+        out, err = learner.communicate(timeout=60)  # it does not wait for the batch that no actor sends
+        assert learner.returncode == 130, err
+        assert "Traceback" not in err and "[learner] stopped by SIGINT after RL step 0" in err.splitlines()[-1]
+        assert client.exists("sig-l:done")
+    finally:
+        for proc in (actor, learner):
+            proc.kill()
+            proc.wait()
 
 
 # ------------------------------------------------------------------------- checkpointed learner, soak
@@ -585,7 +594,7 @@ def _versions_seen(log: str) -> list[int]:
 
 
 @needs_server
-@pytest.mark.timeout(300)  # six process start-ups (torch, transformers) on two cores
+@pytest.mark.timeout(300)
 def test_soak_four_actors_learner_sigkilled_and_resumed(redis_server, tmp_path):
     """Four actor processes and the learner (examples/pipeline_rl) on loopback Redis: one actor is SIGKILLed
     mid-run, the learner is SIGKILLed after a step its last checkpoint does not cover and resumed with --resume.
@@ -596,24 +605,24 @@ def test_soak_four_actors_learner_sigkilled_and_resumed(redis_server, tmp_path):
     round_size, steps, every = 4, 30, 5
     common = ["--redis-url", redis_server.url, "--prefix", "soak", "--prompts-per-batch", "2", "--group-size", "2",
               "--threads", "1", "--device", "cpu", "--logger", "none"]
-    learner_cmd = [sys.executable, str(EXAMPLES / "learner.py"), *common, "--sft-steps", "0", "--rl-steps",
-                   str(steps), "--eval-every", "0", "--output-dir", str(out), "--checkpoint-every", str(every)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    learner_argv = [*common, "--sft-steps", "0", "--rl-steps", str(steps), "--eval-every", "0", "--output-dir",
+                    str(out), "--checkpoint-every", str(every)]
+    actor_main, learner_main = (forked.script_main(EXAMPLES / name, PRELOAD) for name in ("actor.py", "learner.py"))
     logs = {}
 
-    def start(name, cmd):
+    def start(name, main, argv):  # forked from this process: the scripts' imports are done once, here
         logs[name] = tmp_path / f"{name}.log"
-        return subprocess.Popen(cmd, stdout=open(logs[name], "w"), stderr=subprocess.STDOUT, env=env)
+        return forked.start(lambda: main(argv), stdout=logs[name], stderr=forked.STDOUT)
 
     def trained_steps():
         return [r["step"] for r in _records(out / "trained_ids.jsonl")]
 
-    actors = {f"a{k}": start(f"a{k}", [sys.executable, str(EXAMPLES / "actor.py"), *common, "--actor-id", f"a{k}",
-                                        "--seed", str(k), "--max-queued", "6"]) for k in range(4)}
+    actors = {f"a{k}": start(f"a{k}", actor_main, [*common, "--actor-id", f"a{k}", "--seed", str(k), "--max-queued",
+                                                    "6"]) for k in range(4)}
     procs = list(actors.values())
     try:  # the learner starts once every actor is up, so that all four take part
         _wait(lambda: all("first weights" in logs[name].read_text() for name in actors), "four actors up")
-        learner = start("learner", learner_cmd)
+        learner = start("learner", learner_main, learner_argv)
         procs.append(learner)
         _wait(lambda: len(_versions_seen(logs["a1"].read_text())) >= 1, "actor a1's first round")
         actors["a1"].send_signal(signal.SIGKILL)  # pushing round after round: killed wherever it is
@@ -626,7 +635,7 @@ def test_soak_four_actors_learner_sigkilled_and_resumed(redis_server, tmp_path):
         killed_at = (ckpt.latest_step(), max(trained_steps()))
         assert killed_at[1] > killed_at[0], killed_at  # steps trained after the checkpoint: lost, to retrain
         seen_before = max(v for name in actors for v in _versions_seen(logs[name].read_text()))
-        learner = start("learner2", [*learner_cmd, "--resume"])
+        learner = start("learner2", learner_main, [*learner_argv, "--resume"])
         procs.append(learner)
         assert learner.wait(timeout=150) == 0, logs["learner2"].read_text()[-3000:]
         for name, proc in actors.items():

@@ -4,19 +4,19 @@ SIGKILL and `--resume` after its SFT warm-up: the warm-up's records are kept who
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import _forked as forked
 import pytest
 from _redis import needs_server
 
 from ludic_fast.run.loggers import keep_records_for_resume
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "pipeline_rl"
+# what the pipeline scripts import when they run: imported once in this process, inherited by the forked ones
+PRELOAD = ("ludic_fast.cli.train", "ludic_fast.distributed.pipeline_ranks", "ludic_fast.engine.stop")
 
 
 def _write(path: Path, records: list[dict]) -> None:
@@ -70,7 +70,7 @@ def _wait(cond, what: str, timeout: float = 150.0) -> None:
 
 
 @needs_server
-@pytest.mark.timeout(300)  # four process start-ups (torch, transformers) on two cores
+@pytest.mark.timeout(300)
 def test_learner_resumed_after_a_kill_keeps_the_warm_up_and_logs_each_rl_step_once(redis_server, tmp_path):
     """examples/pipeline_rl/learner.py with a 5-step SFT warm-up, RL with a checkpoint every 2 steps, SIGKILLed
     after an RL step its checkpoint does not cover, then `--resume`: metrics.jsonl holds SFT steps 1..5 once and
@@ -79,29 +79,28 @@ def test_learner_resumed_after_a_kill_keeps_the_warm_up_and_logs_each_rl_step_on
     sft_steps, rl_steps, every = 5, 6, 2
     common = ["--redis-url", redis_server.url, "--prefix", "rr", "--prompts-per-batch", "2", "--group-size", "2",
               "--threads", "1", "--device", "cpu", "--logger", "none"]
-    learner_cmd = [sys.executable, str(EXAMPLES / "learner.py"), *common, "--sft-steps", str(sft_steps),
-                   "--rl-steps", str(rl_steps), "--eval-every", "0", "--output-dir", str(out),
-                   "--checkpoint-every", str(every)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    learner_argv = [*common, "--sft-steps", str(sft_steps), "--rl-steps", str(rl_steps), "--eval-every", "0",
+                    "--output-dir", str(out), "--checkpoint-every", str(every)]
+    actor_main, learner_main = (forked.script_main(EXAMPLES / name, PRELOAD) for name in ("actor.py", "learner.py"))
     logs: dict[str, Path] = {}
     procs = []
 
-    def start(name, cmd):
+    def start(name, main, argv):  # forked from this process: the scripts' imports are done once, here
         logs[name] = tmp_path / f"{name}.log"
-        procs.append(subprocess.Popen(cmd, stdout=open(logs[name], "w"), stderr=subprocess.STDOUT, env=env))
+        procs.append(forked.start(lambda: main(argv), stdout=logs[name], stderr=forked.STDOUT))
         return procs[-1]
 
     def rl_steps_logged():
         return _steps(_read(out / "metrics.jsonl"), "rl")
 
     try:
-        start("actor", [sys.executable, str(EXAMPLES / "actor.py"), *common, "--actor-id", "a0", "--max-queued", "8"])
-        learner = start("learner", learner_cmd)
+        start("actor", actor_main, [*common, "--actor-id", "a0", "--max-queued", "8"])
+        learner = start("learner", learner_main, learner_argv)
         _wait(lambda: max(rl_steps_logged(), default=0) >= every + 1, "an RL step past the first checkpoint")
         learner.send_signal(signal.SIGKILL)
         learner.wait()
         assert _steps(_read(out / "metrics.jsonl"), "sft") == list(range(1, sft_steps + 1))
-        resumed = start("learner2", [*learner_cmd, "--resume"])
+        resumed = start("learner2", learner_main, [*learner_argv, "--resume"])
         assert resumed.wait(timeout=150) == 0, logs["learner2"].read_text()[-3000:]
         assert procs[0].wait(timeout=60) == 0, logs["actor"].read_text()[-3000:]
     finally:
