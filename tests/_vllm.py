@@ -8,12 +8,20 @@ import functools
 import importlib.util
 import os
 import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 REQUIRE_VLLM = os.environ.get("LUDIC_FAST_REQUIRE_VLLM") == "1"
 EOS = 2  # the embedded tokenizer's
+
+#: Environment of a vLLM server whose model runs in its engine-core process: vLLM's CPU build otherwise starts a
+#: third interpreter for it (API server, engine core, worker: each imports vLLM, ~8 s of CPU). The tests that
+#: start servers to check ludic_fast's client side use it; test_vllm_train's server run keeps vLLM's default.
+ENGINE_CORE_RUNS_MODEL = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def cpu_unsupported_reason() -> str | None:
@@ -64,3 +72,30 @@ def tiny_sft_model(steps: int = 120):
             opt.step()
             opt.zero_grad()
     return model.eval(), tok, [p for p, _ in enc]
+
+
+def run_side_by_side(cmds: dict[str, list[str]], logs: Path, env: dict[str, str] | None = None,
+                     timeout: float = 900) -> dict[str, subprocess.CompletedProcess]:
+    """Run the commands at once (stdout, stderr to files under `logs`), each with one torch thread (two runs on
+    two cores, where one alone keeps about one core busy), and return each one's CompletedProcess by key."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    procs = {}
+    for key, cmd in cmds.items():
+        with open(logs / f"{key}.out", "w") as out, open(logs / f"{key}.err", "w") as err:
+            procs[key] = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+    try:
+        for proc in procs.values():
+            proc.wait(timeout=timeout)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return {key: subprocess.CompletedProcess(cmds[key], proc.returncode, (logs / f"{key}.out").read_text(),
+                                             (logs / f"{key}.err").read_text())
+            for key, proc in procs.items()}
+
+
+def cli(*args: str) -> list[str]:
+    """The command line of `ludic-fast <args>` in this interpreter."""
+    return [sys.executable, "-m", "ludic_fast.cli", *args]

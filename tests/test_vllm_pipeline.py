@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _vllm import needs_vllm
+from _vllm import ENGINE_CORE_RUNS_MODEL, needs_vllm
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "pipeline_rl"
 
@@ -47,7 +47,7 @@ def redis_url(tmp_path):
 def test_pipeline_actor_samples_with_a_vllm_server_and_loads_each_published_version(redis_url):
     common = ["--redis-url", redis_url, "--prefix", "vl", "--prompts-per-batch", "4", "--group-size", "2",
               "--max-lag", "4", "--device", "cpu"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **ENGINE_CORE_RUNS_MODEL}  # the actor's server
     learner = subprocess.Popen(
         [sys.executable, str(EXAMPLES / "learner.py"), *common, "--sft-steps", "0", "--rl-steps", "2",
          "--eval-every", "0", "--logger", "none"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,

@@ -5,11 +5,13 @@ then scores with the new weights; wrong names are refused before anything is wri
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from _vllm import EOS, needs_vllm, tiny_sft_model
+from _vllm import ENGINE_CORE_RUNS_MODEL, EOS, needs_vllm, tiny_sft_model
 
 from ludic_fast.rollout.engine import SamplingConfig
 from ludic_fast.rollout.vllm_server import VLLMServer, VLLMServerEngine, VLLMServerSampler
@@ -19,16 +21,25 @@ TOL = 1e-4  # fp32 server vs the fp32 model, as in test_vllm_engine
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """(engine on the first server, trainer-side model, prompts, checkpoint, the second server's URL): two servers
+    of the saved SFT'd model, started at once (each start keeps about one core busy)."""
     needs_vllm()
     model, tok, prompts = tiny_sft_model()
     path = tmp_path_factory.mktemp("tiny_llama_served")
     model.save_pretrained(path)
     tok.save_pretrained(path)
     args = ["--dtype", "float32", "--max-model-len", "64", "--enforce-eager", "--kv-cache-memory-bytes", str(64 << 20)]
-    with VLLMServer(str(path), extra_args=args, log_path=str(path / "server.log")) as srv:
-        engine = VLLMServerEngine(srv.url, eos_token_id=EOS, checkpoint=str(path),
+
+    def start(name: str) -> VLLMServer:
+        return VLLMServer(str(path), extra_args=args, log_path=str(path / f"{name}.log"), env=ENGINE_CORE_RUNS_MODEL)
+
+    with ThreadPoolExecutor(2) as pool:
+        starts = [pool.submit(start, name) for name in ("server", "second")]
+    with contextlib.ExitStack() as stack:
+        first, second = (stack.enter_context(f.result()) for f in starts)  # a start that failed raises here
+        engine = VLLMServerEngine(first.url, eos_token_id=EOS, checkpoint=str(path),
                                   weights_dir=str(tmp_path_factory.mktemp("pushes")))
-        yield engine, model, prompts, str(path)
+        yield engine, model, prompts, str(path), second.url
 
 
 def _max_diff(model, completions, temperature: float) -> float:
@@ -43,7 +54,7 @@ def _max_diff(model, completions, temperature: float) -> float:
 
 
 def test_server_samples_distinct_reproducible_groups_with_the_models_logprobs(server):
-    engine, model, prompts, _ = server
+    engine, model, prompts, *_ = server
     group = [[7, 14]] * 8  # "3+": an uncertain continuation at T = 2 (see test_vllm_engine)
     sampling = SamplingConfig(temperature=2.0, max_new_tokens=12)
     first, again = engine.generate(group, sampling, seed=11), engine.generate(group, sampling, seed=11)
@@ -57,7 +68,7 @@ def test_server_samples_distinct_reproducible_groups_with_the_models_logprobs(se
 
 
 def test_server_weight_push_switches_to_the_new_weights_and_refuses_wrong_names(server):
-    engine, model, prompts, _ = server
+    engine, model, prompts, *_ = server
     new = copy.deepcopy(model)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -79,28 +90,26 @@ def test_server_weight_push_switches_to_the_new_weights_and_refuses_wrong_names(
 
 
 def test_two_servers_spread_the_requests_and_both_take_a_push(server, tmp_path):
-    """A second real server beside the module's: a seeded call over both samples what it samples on one
+    """The module's second server beside the first: a seeded call over both samples what it samples on one
     (request i keeps its seed, and the servers hold the same weights), and a push reaches both."""
-    engine, model, prompts, checkpoint = server
-    args = ["--dtype", "float32", "--max-model-len", "64", "--enforce-eager", "--kv-cache-memory-bytes", str(64 << 20)]
-    with VLLMServer(checkpoint, extra_args=args, log_path=str(tmp_path / "second.log")) as second:
-        both = VLLMServerSampler([engine.url, second.url], eos_token_id=EOS, checkpoint=checkpoint,
-                                 weights_dir=str(tmp_path / "pushes"))
-        sampling = SamplingConfig(temperature=1.0, max_new_tokens=6)
-        spread = both.generate(prompts[:6], sampling, seed=5)
-        assert [c.completion_ids for c in spread] == [c.completion_ids for c in engine.generate(prompts[:6], sampling,
-                                                                                                  seed=5)]
-        new = copy.deepcopy(model)
-        with torch.no_grad():
-            for p in new.parameters():
-                p.mul_(1.1)
-        try:
-            both.publish(dict(new.named_parameters()), version=3)
-            for url in both.urls:  # each server alone now samples from the new weights
-                alone = VLLMServerSampler(url, eos_token_id=EOS, checkpoint=checkpoint)
-                assert _max_diff(new, alone.generate(prompts[:4], sampling, seed=2), 1.0) < TOL
-        finally:
-            engine.publish(dict(model.named_parameters()), version=4)
+    engine, model, prompts, checkpoint, second = server
+    both = VLLMServerSampler([engine.url, second], eos_token_id=EOS, checkpoint=checkpoint,
+                             weights_dir=str(tmp_path / "pushes"))
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=6)
+    spread = both.generate(prompts[:6], sampling, seed=5)
+    assert [c.completion_ids for c in spread] == [c.completion_ids for c in engine.generate(prompts[:6], sampling,
+                                                                                              seed=5)]
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.mul_(1.1)
+    try:
+        both.publish(dict(new.named_parameters()), version=3)
+        for url in both.urls:  # each server alone now samples from the new weights
+            alone = VLLMServerSampler(url, eos_token_id=EOS, checkpoint=checkpoint)
+            assert _max_diff(new, alone.generate(prompts[:4], sampling, seed=2), 1.0) < TOL
+    finally:
+        both.publish(dict(model.named_parameters()), version=4)
 
 
 def test_nccl_weight_transfer_switches_the_servers_weights(tmp_path):
@@ -144,7 +153,7 @@ def test_the_nccl_paths_routes_and_weight_source_match_the_installed_vllm(server
     from ludic_fast.rollout.vllm_sampler import map_weights_for_vllm
     from ludic_fast.rollout.weight_transfer import ROUTES, HTTPControl, _dict_source_class
 
-    engine, model, _, _ = server
+    engine, model, *_ = server
     assert set(ROUTES) <= {r.path for r in router.routes}
     assert HTTPControl(engine.url, timeout=60).world_size() == 1
     source = _dict_source_class()()

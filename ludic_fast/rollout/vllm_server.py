@@ -269,7 +269,7 @@ class VLLMServer:
                         return
             except OSError:
                 pass
-            time.sleep(1.0)
+            time.sleep(0.2)
         raise RuntimeError(f"vLLM server not ready after {timeout:.0f} s (log: {self.log_path})")
 
     def close(self) -> None:
