@@ -10,6 +10,7 @@ Tests that check what a fresh interpreter does (import-time output, the `python 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import io
 import logging
 import os
@@ -151,19 +152,26 @@ def run(target: Target, *, env: dict[str, str] | None = None, timeout: float = 3
     return subprocess.CompletedProcess(["forked", str(proc.pid)], proc.returncode, out, err)
 
 
-def script_main(path: Path, preload: tuple[str, ...] = ()) -> Callable[[list[str]], int]:
+def preload(*names: str) -> None:
+    """Import the modules `names` (those whose package is installed) in this process, so that the forked children
+    inherit them instead of each importing them when it runs."""
+    for name in names:
+        if importlib.util.find_spec(name.partition(".")[0]) is not None:
+            importlib.import_module(name)
+
+
+def script_main(path: Path, imports: tuple[str, ...] = ()) -> Callable[[list[str]], int]:
     """`main` of the script at `path`, imported here under its file's stem with its folder on sys.path while it
     loads (so that it finds its sibling modules, as `python path` does); already imported: the same module.
-    `preload`: modules that `main` imports when it runs, imported here first so that forked children inherit them."""
-    for module_name in preload:
-        importlib.import_module(module_name)
+    `imports`: the modules `main` imports when it runs, preloaded here."""
+    preload(*imports)
     name = path.stem
     module = sys.modules.get(name)
     if module is None or Path(getattr(module, "__file__", "")).resolve() != path.resolve():
         sys.path.insert(0, str(path.parent))
         try:
             sys.modules.pop(name, None)
-            module = __import__(name)
+            module = importlib.import_module(name)
         finally:
             sys.path.remove(str(path.parent))
     return module.main

@@ -1,31 +1,36 @@
-"""SIGINT / SIGTERM to `ludic-fast train` (a subprocess): the first finishes the current step, writes a
-checkpoint of it, summary.json and the curves, prints one line saying what was saved and how to resume, and
-exits 130 / 143 without a traceback, in the RL phase (asyncio loop), the SFT phase and an offline preset; a
-second SIGINT ends the run at once; and (in process) the caller's own handlers are back once the stop context closes."""
+"""SIGINT / SIGTERM to `ludic-fast train` (in a process forked from the test's, tests/_forked.py; a fresh
+`python -m ludic_fast.cli train` stopped by SIGTERM is test_empty_batches.py's): the first finishes the current
+step, writes a checkpoint of it, summary.json and the curves, prints one line saying what was saved and how to
+resume, and exits 130 / 143 without a traceback, in the RL phase (asyncio loop), the SFT phase and an offline
+preset; a second SIGINT ends the run at once; and (in process) the caller's own handlers are back once the stop
+context closes."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import _forked as forked
 import pytest
 
+from ludic_fast.cli import main as cli_main
+
+# what a run imports only when it stops (the curves, save_pretrained's unwrap through accelerate): preloaded
+# here, once, rather than in each forked run
+LATE_IMPORTS = ("matplotlib.pyplot", "deepspeed")
 FAST = ["--logger", "print", "--threads", "1", "--device", "cpu", "--checkpoint-every", "1000"]
 RL = ["--prompts-per-batch", "4", "--group-size", "4", "--eval-every", "0"]
 
 
-def _start(out: Path, *flags: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "ludic_fast.cli", "train", *FAST, "--output-dir", str(out), *flags]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+def _start(out: Path, *flags: str) -> forked.Forked:
+    argv = ["train", *FAST, "--output-dir", str(out), *flags]
+    forked.preload(*LATE_IMPORTS)
+    return forked.start(lambda: cli_main(argv), stdout=forked.PIPE, stderr=forked.PIPE)
 
 
-def _wait_for_step(proc: subprocess.Popen, marker: str) -> None:
+def _wait_for_step(proc: forked.Forked, marker: str) -> None:
     """Read stdout until a step record of the phase `marker` (e.g. "[rl] step=") is printed."""
     deadline = time.monotonic() + 240
     for line in proc.stdout:
@@ -35,7 +40,7 @@ def _wait_for_step(proc: subprocess.Popen, marker: str) -> None:
     raise AssertionError(f"the run ended before a {marker!r} line: {proc.stderr.read()[-2000:]}")
 
 
-def _finish(proc: subprocess.Popen) -> tuple[int, str, float]:
+def _finish(proc: forked.Forked) -> tuple[int, str, float]:
     t0 = time.monotonic()
     _, err = proc.communicate(timeout=120)
     return proc.returncode, err, time.monotonic() - t0
