@@ -1,17 +1,21 @@
 """Harness of the kill -9 checkpoint tests. The child script takes `run_dir mode total crash` (mode full |
 crash | resume), prints `STEP {json with "step"}` after each step, `WRITING` when the crash run starts writing
 the checkpoint of step `crash`, and `FINAL {json with "start"}` at the end (start: the step it resumed from).
-The child runs with this folder on its path: in crash mode it calls `stall_checkpoint_write(crash)`."""
+Each run is a process forked from the test process (tests/_forked.py), the script run as __main__ with its
+imports preloaded here; in crash mode it calls `stall_checkpoint_write(crash)`."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import runpy
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+import _forked as forked
 
 
 def stall_checkpoint_write(crash_step: int) -> None:
@@ -33,15 +37,30 @@ def stall_checkpoint_write(crash_step: int) -> None:
     checkpoint.save_file = slow_save_file
 
 
-def _env() -> dict:
-    here = Path(__file__).resolve().parent
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)]), "OMP_NUM_THREADS": "1"}
+def _start(script: Path, *args: str) -> forked.Forked:
+    def main() -> None:
+        sys.argv = [str(script), *args]
+        runpy.run_path(str(script), run_name="__main__")
+
+    return forked.start(main, stdout=forked.PIPE, stderr=forked.PIPE)
 
 
 def _run(script: Path, *args: str) -> list[str]:
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=_env(), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.splitlines()
+    proc = _start(script, *args)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    return out.splitlines()
+
+
+def _preload_imports(source: str) -> None:
+    """The modules the child script imports at its top level, imported here once for all its runs."""
+    tree = ast.parse(source)
+    forked.preload(*[node.module for node in tree.body if isinstance(node, ast.ImportFrom)],
+                   *[alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names])
 
 
 def _parse(lines: list[str]) -> tuple[dict[int, dict], dict]:
@@ -62,12 +81,12 @@ def kill_mid_write_then_resume(tmp_path: Path, child: str, total: int, crash: in
     and runs steps crash..total. Returns (full steps, full final, resumed steps, resumed final)."""
     script = tmp_path / "child.py"
     script.write_text(child)
+    _preload_imports(child)
     full_steps, full_final = _parse(_run(script, str(tmp_path / "full"), "full", str(total), "0"))
     assert sorted(full_steps) == list(range(1, total + 1))
 
     run_dir = tmp_path / "crashed"
-    proc = subprocess.Popen([sys.executable, str(script), str(run_dir), "crash", str(total), str(crash)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = _start(script, str(run_dir), "crash", str(total), str(crash))
     crashed_lines = []
     deadline = time.monotonic() + 300
     try:
