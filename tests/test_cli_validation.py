@@ -7,19 +7,31 @@ import os
 import subprocess
 import sys
 
+import _forked as forked
 import pytest
 import torch
 
+from ludic_fast.cli import main as cli_main
 from ludic_fast.cli import train as train_cli
 from ludic_fast.cli.validation import UsageError, check_pretrained
 from ludic_fast.run.warnings import LearningSignalMonitor
 
 
-def run_cli(*argv: str, cwd=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    code = "import sys; from ludic_fast.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=120)
+def run_cli(*argv: str, cwd, fresh: bool) -> subprocess.CompletedProcess:
+    """`ludic-fast argv` run in `cwd` in its own process: a fresh interpreter (offline, so that huggingface_hub
+    reads HF_HUB_OFFLINE as it loads; what the imports print counts too), or forked from this one (tests/_forked.py:
+    no interpreter start-up)."""
+    if fresh:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        code = "import sys; from ludic_fast.cli import main; sys.exit(main(sys.argv[1:]))"
+        return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, cwd=cwd,
+                              timeout=120)
+
+    def main() -> int:
+        os.chdir(cwd)
+        return cli_main(list(argv))
+
+    return forked.run(main, timeout=120)
 
 
 def one_line_error(capsys, argv: list[str]) -> str:
@@ -35,15 +47,16 @@ def one_line_error(capsys, argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "message", "fresh"),
     [
-        (["--task", "nope.jsonl"], "--task nope.jsonl: no such file"),
-        (["--lr", "-1e-5"], "--lr must be > 0, got -1e-05"),
-        (["--model", "no-such-org/no-such-model-7"], "--model no-such-org/no-such-model-7: not in the local Hugging"),
+        (["--task", "nope.jsonl"], "--task nope.jsonl: no such file", False),
+        (["--lr", "-1e-5"], "--lr must be > 0, got -1e-05", False),
+        (["--model", "no-such-org/no-such-model-7"], "--model no-such-org/no-such-model-7: not in the local Hugging",
+         True),
     ],
 )
-def test_subprocess_errors_exit_2_with_one_line(tmp_path, argv, message):
-    proc = run_cli("train", *argv, "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
+def test_subprocess_errors_exit_2_with_one_line(tmp_path, argv, message, fresh):
+    proc = run_cli("train", *argv, "--output-dir", str(tmp_path / "run"), cwd=tmp_path, fresh=fresh)
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and proc.stderr.count("\n") == 1 and message in proc.stderr
     assert not (tmp_path / "run").exists()
