@@ -145,23 +145,32 @@ def test_cpu_benchmark_run_stays_on_cpu(pretend_cuda, tmp_path):
 @pytest.mark.skipif(torch.version.cuda is not None, reason="pretend-CUDA mode is for a CPU-only torch build")
 def test_pretend_mode_reaches_child_processes_and_respects_hidden_devices():
     """The switch reaches a child Python through tests/pretend_cuda/sitecustomize.py, also when a library
-    probes for torch (importlib.util.find_spec) before importing it; CUDA_VISIBLE_DEVICES="" hides the device;
-    dynamo's bookkeeping is told the truth (no CUDA)."""
-    script = (
-        "import importlib.util; importlib.util.find_spec('torch'); import torch, torch._dynamo.device_interface"
-        " as di; print(torch.cuda.is_available(), torch.cuda.device_count(), di.CudaInterface.is_available())"
-    )
+    probes for torch (importlib.util.find_spec) before importing it, and dynamo's bookkeeping is told the truth
+    (no CUDA); CUDA_VISIBLE_DEVICES="" hides the device (the mode is then off: nothing patched, dynamo not asked).
+    The two children run at once."""
+    probe = "import importlib.util; importlib.util.find_spec('torch'); import torch"
+    count = "print(torch.cuda.is_available(), torch.cuda.device_count())"
+    dynamo = "import torch._dynamo.device_interface as di; print(di.CudaInterface.is_available())"
     env = {**os.environ, "LUDIC_FAST_PRETEND_CUDA": "1", "PYTHONPATH": str(PRETEND_DIR)}
 
-    def child(**extra: str) -> list[str]:
-        out = subprocess.run(
-            [sys.executable, "-c", script], env={**env, **extra}, capture_output=True, text=True, timeout=300
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
-        return out.stdout.split()
+    def child(script: str, **extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", script], env={**env, **extra}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
 
-    assert child() == ["True", "1", "False"]
-    assert child(CUDA_VISIBLE_DEVICES="") == ["False", "0", "False"]
+    def output(proc: subprocess.Popen) -> list[str]:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        return out.split()
+
+    pretending = child(f"{probe}; {count}; {dynamo}")
+    hidden = child(f"{probe}; {count}", CUDA_VISIBLE_DEVICES="")
+    try:
+        assert output(pretending) == ["True", "1", "False"]
+        assert output(hidden) == ["False", "0"]
+    finally:
+        for proc in (pretending, hidden):
+            proc.kill()
+            proc.wait()
 
 
 def test_kernel_launches_enter_the_inputs_device():
