@@ -4,11 +4,14 @@ same sequences, by hand."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 from pathlib import Path
 
 import pytest
+import torch
 from _scripts import load_script
 
 from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWItem
@@ -34,9 +37,33 @@ def test_trl_inputs_layout():
     assert out["advantages"].tolist() == [0.5, -1.0] and int(out["num_items_in_batch"]) == 5
 
 
+def _children_here_but(monkeypatch, bench, real: str) -> None:
+    """Each child (`trainer_e2e.py ARGS --run PATH`) through the script's own main(ARGS) in this process, its
+    stdout and stderr captured as a process's would be; the path `real` in a fresh process, as the script runs
+    every path (one interpreter start with torch, transformers and TRL costs seconds; the children's rows do
+    not depend on where they run, only their peak memory, of which the test asks > 0)."""
+    import subprocess
+
+    spawn = subprocess.run
+
+    def run(cmd, **kw):
+        if len(cmd) < 2 or cmd[1] != bench.__file__ or cmd[cmd.index("--run") + 1] == real:
+            return spawn(cmd, **kw)
+        out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                status = bench.main(cmd[2:])
+        finally:
+            torch.set_num_threads(threads)  # run_path sets --threads
+        return subprocess.CompletedProcess(cmd, status, out.getvalue(), err.getvalue())
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl")
-def test_tiny_cpu_run_has_a_row_per_path(capsys, tmp_path):
+def test_tiny_cpu_run_has_a_row_per_path(capsys, tmp_path, monkeypatch):
     bench = _bench()
+    _children_here_but(monkeypatch, bench, real="reference")
     argv = ["--vocab", "256", "--hidden", "32", "--layers", "1", "--seqs", "4", "--seq-len", "24", "--steps", "1",
             "--threads", "1", "--json", str(tmp_path / "rows.json")]
     assert bench.main(argv) == 0

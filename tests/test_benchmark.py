@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from _heap import frozen_imports
 
 from ludic_fast.benchmark import cli, impls, report
 from ludic_fast.benchmark.runner import CaseResult, Options, run_case, run_suite
@@ -19,6 +20,12 @@ TINY = Shape(n=48, d=16, v=257, seq_len=16)
 FAST = Options(threads=1, repeats=1, warmup=0, check_tokens=32, in_process=True)
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
 HAS_TRL = importlib.util.find_spec("trl") is not None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _frozen_imports():
+    with frozen_imports():
+        yield
 
 
 def _impls():

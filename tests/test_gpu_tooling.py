@@ -11,12 +11,15 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from _heap import frozen_imports
 from _machine import slowdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,17 +147,20 @@ def test_rehearsal_keeps_every_table_when_a_test_fails_and_a_case_hangs(tmp_path
     (fake / "trl" / "kernels" / "__init__.py").write_text(HANGING_TRL)
     (tmp_path / "test_injected.py").write_text(INJECTED_TESTS)
     res = tmp_path / "results"
-    slow = slowdown()  # each stage's seconds x 4 x slow, the hang limits x slow: every process starts slowly here
+    # each stage's seconds x 4 x slow, the hang limits x slow: every process starts slowly here. Each hang
+    # costs its whole limit, so the limits are a few times what a test (trivial here) or a bench case (~1 s at
+    # these shapes on a quiet machine) takes
+    slow = slowdown()
     out = _bash("rehearse", "run1", PY=sys.executable, RESULTS=str(res), PYTHONPATH=str(fake),
-                TEST_SECONDS=str(3 * slow), CASE_SECONDS=str(5 * slow),
+                TEST_SECONDS=str(2 * slow), CASE_SECONDS=str(3 * slow),
                 GPU_SUITE_TESTS=str(tmp_path / "test_injected.py"), OMP_NUM_THREADS="1", TIME_SCALE=str(4 * slow))
     assert out.returncode == 1, out.stderr[-3000:]
     core = (res / "suite-core-verdict.md").read_text()
     assert "NOT green" in core and "| core | 1 | 1 | 0 | 1 | 0 | 0 | 0 | ran to its end |" in core, core
-    assert "test_injected_failure" in core and f"hung (core, over {3 * slow} s): `" in core
+    assert "test_injected_failure" in core and f"hung (core, over {2 * slow} s): `" in core
     assert "test_injected_hang`" in core
     assert "AssertionError: injected" in core and "test_injected_tma_variant" not in core
-    assert f"Timeout ({timedelta(seconds=5 * slow)})" in (res / "decisive-trl.log").read_text()
+    assert f"Timeout ({timedelta(seconds=3 * slow)})" in (res / "decisive-trl.log").read_text()
     table = (res / "decisive" / "results.md").read_text()
     assert "| ours-generic |" in table and "| gemm-fwd+bwd |" in table and "trl: no result (its log)" in table
     log = (res / "session-run1.log").read_text()
@@ -167,15 +173,18 @@ def test_rehearsal_keeps_every_table_when_a_test_fails_and_a_case_hangs(tmp_path
 
 def test_an_in_process_case_over_its_timeout_ends_the_process():
     """One process measures every GPU case: a case over --timeout ends it (stacks on stderr) after the
-    cases before it were saved."""
+    cases before it were saved. (The peers' imports, which the runner makes before a case's timer starts, are
+    left out: no case here measures a peer.)"""
     code = """if True:
-        import dataclasses, time
-        from ludic_fast.benchmark import impls, runner
+        import dataclasses, gc, time
+        from ludic_fast.benchmark import impls, runner, worker
         from ludic_fast.benchmark.workloads import Shape
 
         def hang(workload, inp):
             time.sleep(10**6)
 
+        runner.preload = worker.preload = lambda: None
+        gc.freeze()  # the imports out of the collection after each case (tests/_heap.py)
         impls.IMPLS["reference"] = dataclasses.replace(impls.IMPLS["reference"], build=hang)
         opts = runner.Options(repeats=1, warmup=0, check_tokens=0, in_process=True, timeout_s=2)
         runner.run_suite(["gemm-fwd+bwd", "reference"], ["head"], [Shape(32, 8, 64)], opts, log=print,
@@ -224,6 +233,11 @@ def test_gpu_requirements_never_name_torch_or_triton(monkeypatch):
 def test_bench_builds_inputs_once_per_shape_and_workload(monkeypatch):
     """In one process (the GPU presets) the cases of a shape share inputs built once per workload, on the
     case's device; the next shape frees them first."""
+    with frozen_imports():
+        _bench_builds_inputs_once(monkeypatch)
+
+
+def _bench_builds_inputs_once(monkeypatch):
     from ludic_fast.benchmark import worker
     from ludic_fast.benchmark.runner import Options, run_suite
     from ludic_fast.benchmark.workloads import Shape
@@ -296,23 +310,29 @@ def test_planted_failure():
 @pytest.mark.gpu
 @pytest.mark.parametrize("i", range(40))
 def test_slow(i):
-    time.sleep(0.5 * SLOW)
+    time.sleep(SLEEP)
 """
 
 
-def _suite(tmp_path, *args, timeout_s=None, slow=1):
-    """The suite on CUT_TESTS, its test_slow tests sleeping 0.5 x `slow` s; (run, verdict, the tests listed as run)."""
-    (tmp_path / "test_cut.py").write_text(CUT_TESTS.replace("SLOW", str(slow)))
-    cmd = [sys.executable, str(ROOT / "bench" / "gpu_suite.py"), "--out", str(tmp_path / "out"), "--group", "core",
-           "--test-seconds", "60", "--tests", str(tmp_path / "test_cut.py"), "--verdict-copy", str(tmp_path / "copy"),
-           *args]
-    if timeout_s is not None:
-        cmd = ["timeout", "--kill-after=5", str(timeout_s), *cmd]  # as bench/gpu_session.sh runs a stage
-    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60 + 30 * slow,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+def _suite_cmd(tmp_path, *args, sleep: float) -> list[str]:
+    """The suite on CUT_TESTS, its test_slow tests sleeping `sleep` s each."""
+    (tmp_path / "test_cut.py").write_text(CUT_TESTS.replace("SLEEP", str(sleep)))
+    return [sys.executable, str(ROOT / "bench" / "gpu_suite.py"), "--out", str(tmp_path / "out"), "--group", "core",
+            "--test-seconds", "60", "--tests", str(tmp_path / "test_cut.py"), "--verdict-copy", str(tmp_path / "copy"),
+            *args]
+
+
+def _verdict(tmp_path) -> tuple[str, list[str]]:
+    """The suite's verdict and the tests it lists as run."""
     verdict = (tmp_path / "out" / "suite-core-verdict.md").read_text()
-    ran = [line for line in verdict.splitlines() if line.startswith(("- passed ", "- failed "))]
-    return run, verdict, ran
+    return verdict, [line for line in verdict.splitlines() if line.startswith(("- passed ", "- failed "))]
+
+
+def _finished(tmp_path) -> list[str]:
+    """The tests the suite's jsonl has as finished, in order."""
+    path = tmp_path / "out" / "suite-core.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r["finish"] for r in rows if "finish" in r]
 
 
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout not installed")
@@ -320,16 +340,25 @@ def test_verdict_survives_the_stages_outer_limit(tmp_path):
     """The suite's own --seconds is far off; the outer `timeout` (SIGTERM to the process group) cuts it
     mid-suite. The verdict written then (also in the --verdict-copy folder) names the planted failure with its
     message and traceback line, lists every test that finished (as the jsonl has them) and the tests that
-    never ran, and says it was cut."""
-    slow = slowdown()
-    run, verdict, ran = _suite(tmp_path, "--seconds", "600", timeout_s=12 * slow, slow=slow)
-    assert run.returncode == 124, run.stdout[-2000:] + run.stderr[-2000:]
+    never ran, and says it was cut. The cut comes once 5 tests finished (the 4 quick ones and a slow one), by
+    SIGALRM to `timeout`, the signal of its own expiry (GNU timeout: exit 124, SIGTERM to the child and its
+    group), so no wall-clock guess of the machine's speed sets when the cut lands."""
+    cmd = _suite_cmd(tmp_path, "--seconds", "600", sleep=0.5)
+    proc = subprocess.Popen(["timeout", "--kill-after=5", "300", *cmd],  # as bench/gpu_session.sh runs a stage
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while len(_finished(tmp_path)) < 5 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGALRM)
+    out, err = proc.communicate(timeout=60)
+    verdict, ran = _verdict(tmp_path)
+    assert proc.returncode == 124, out[-2000:] + err[-2000:]
     assert verdict.startswith("# GPU suite verdict: NOT green") and "cut: SIGTERM" in verdict, verdict
     assert "### failed (core, call): `" in verdict and "AssertionError: planted: two is not three" in verdict
     assert "assert two == 3" in verdict  # the traceback's lines
-    rows = [json.loads(line) for line in (tmp_path / "out" / "suite-core.jsonl").read_text().splitlines()]
-    finished = [r["finish"] for r in rows if "finish" in r]
-    assert 4 <= len(finished) < 43 and len(ran) == len(finished)  # cut mid-suite, every finished test listed
+    finished = _finished(tmp_path)
+    assert 5 <= len(finished) < 43 and len(ran) == len(finished)  # cut mid-suite, every finished test listed
     assert all(f"`{n}`" in line for n, line in zip(finished, ran))
     assert f"| core | {len(finished) - 1} | 1 | 0 | 0 |" in verdict and "Not run (core, " in verdict
     assert "test_slow[39]`" in verdict.split("Not run (core, ")[1]
@@ -340,7 +369,10 @@ def test_suite_stops_starting_tests_before_its_seconds(tmp_path):
     """Without an outer limit the suite ends itself: no test starts with under --reserve seconds left, the
     verdict is written, the tests never started are listed."""
     slow = slowdown()
-    run, verdict, ran = _suite(tmp_path, "--seconds", str(8 * slow), "--reserve", str(2 * slow), slow=slow)
+    cmd = _suite_cmd(tmp_path, "--seconds", str(3 * slow), "--reserve", str(slow), sleep=0.25 * slow)
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60 + 30 * slow,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    verdict, ran = _verdict(tmp_path)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     assert "AssertionError: planted: two is not three" in verdict and "| time up |" in verdict, verdict
     assert 4 <= len(ran) < 43 and "Not run (core, " in verdict and "- running when the suite was cut" not in verdict
