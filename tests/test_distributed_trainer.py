@@ -160,7 +160,8 @@ def _worker(rank: int, world: int) -> None:
 
 
 def test_two_rank_ddp_and_fsdp2_steps_equal_the_single_process_step():
-    run_local_group(_worker, 2)
+    # forked ranks inherit this process's imports (spawned ones start an interpreter each); not after CUDA started
+    run_local_group(_worker, 2, start_method="spawn" if torch.cuda.is_initialized() else "fork")
 
 
 def test_without_a_process_group_stats_and_publishing_pass_through():
