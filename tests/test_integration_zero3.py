@@ -127,8 +127,17 @@ def _worker(rank: int, world: int) -> None:
             _check(rank, tied, lora_head, path)
 
 
+def _rank_start_method() -> str:
+    """'fork' (the ranks inherit this process's imports: torch, transformers, deepspeed, peft) when DeepSpeed
+    already chose its CPU accelerator here and CUDA is not started, else 'spawn' (fresh interpreters that choose
+    it from DS_ACCELERATOR)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return "fork" if get_accelerator().device_name() == "cpu" and not torch.cuda.is_initialized() else "spawn"
+
+
 def test_fused_head_under_zero3_gets_the_unsharded_gradients():
-    run_local_group(_worker, WORLD)
+    run_local_group(_worker, WORLD, start_method=_rank_start_method())
 
 
 def _trl_step(cls, tok, output_dir: str) -> tuple[dict[str, torch.Tensor], dict]:
