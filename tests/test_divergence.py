@@ -78,11 +78,16 @@ def test_teacher_gets_no_gradient_and_gradcheck_float64():
     out.backward()
     assert Wt.grad is None and hs.grad is not None
 
-    def f(h, w):
-        return linear_divergence(h, w, ht, Wt, tgt, kind="jsd", beta=0.3, hard_weight=0.4, temperature=1.3,
-                                 memory_budget=BUDGET, reduction="none")
+    # on the first 8 rows (two ignored) and 29 tokens: 3 chunks of 3, 3, 2 rows (four float64 buffers a logit)
+    n, v = 8, 29
+    sub_tgt = torch.where(tgt[:n] >= 0, tgt[:n] % v, tgt[:n])
 
-    assert torch.autograd.gradcheck(f, (hs.detach().requires_grad_(), Ws.detach().requires_grad_()))
+    def f(h, w):
+        return linear_divergence(h, w, ht[:n], Wt[:v], sub_tgt, kind="jsd", beta=0.3, hard_weight=0.4,
+                                 temperature=1.3, memory_budget=3 * 4 * 8 * v, reduction="none")
+
+    assert (sub_tgt == -100).sum() == 2
+    assert torch.autograd.gradcheck(f, (hs[:n].detach().requires_grad_(), Ws[:v].detach().requires_grad_()))
 
 
 def test_no_tokens_by_vocab_tensor_and_flops():
