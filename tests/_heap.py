@@ -12,11 +12,13 @@ from collections.abc import Iterator
 
 
 @contextlib.contextmanager
-def frozen_imports() -> Iterator[None]:
-    """The peers imported (as the first in-process case would), a full collection, then the heap frozen."""
-    from ludic_fast.benchmark.impls import preload
+def frozen_imports(peers: bool = True) -> Iterator[None]:
+    """A full collection, then the heap frozen; `peers`: the benchmark's peers imported first (as its first
+    in-process case would)."""
+    if peers:
+        from ludic_fast.benchmark.impls import preload
 
-    preload()
+        preload()
     gc.collect()
     gc.freeze()
     try:

@@ -11,9 +11,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from _heap import frozen_imports
 from _scripts import load_script
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "trainer_profile.py"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _frozen_imports():
+    """The script collects the garbage after each in-process run: with the imports frozen that walks only what
+    the runs made (tests/_heap.py)."""
+    with frozen_imports(peers=False):
+        yield
 
 
 def _bench():
@@ -85,8 +94,9 @@ def test_seconds_budget_cuts_an_isolated_run_and_keeps_the_others(tmp_path, monk
 
 def test_seconds_budget_stops_a_run_in_process(tmp_path, monkeypatch):
     """In this process, a run over its share is stopped by the alarm; a failing run is reported as failed; the
-    run after both still runs. 12 s for three runs: the first's share is max(12 - 2 x 12, 12 / 3) = 4 s, which
-    leaves the next run about 4 s of share even with seconds of overhead on a loaded machine."""
+    run after both still runs. 8 s for three runs: the first's share is max(8 - 2 x 12, 8 / 3) = 2.7 s, which
+    leaves the next run (5.3 - overhead) / 2 s of share: over the 1 s a run needs even with 3 s of overhead on
+    a loaded machine."""
     import time
 
     bench = _bench()
@@ -104,11 +114,11 @@ def test_seconds_budget_stops_a_run_in_process(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench, "profile_path", profile_path)
     t0 = time.monotonic()
-    argv = ["--paths", "ours-packed,reference,ours-padded", "--seconds", "12", "--out", str(tmp_path)]
+    argv = ["--paths", "ours-packed,reference,ours-padded", "--seconds", "8", "--out", str(tmp_path)]
     assert bench.main(argv) == 1
     assert time.monotonic() - t0 < 40  # the 60 s sleep did not run out
     saved = [json.loads(line) for line in (tmp_path / "profile.jsonl").read_text().splitlines()]
-    assert saved[0]["skipped"] == "cut by --seconds after 4 s"
+    assert saved[0]["skipped"] == "cut by --seconds after 3 s"
     assert saved[1]["skipped"] == "failed: ValueError: boom" and saved[1]["failed"]
     assert saved[2]["step_s"] == 0.5 and calls == ["ours-packed", "reference", "ours-padded"]
 
