@@ -62,7 +62,15 @@ def _objective(coef, coupled):
     return coupled_fn if coupled else token_local
 
 
-@pytest.mark.parametrize("coupled", [False, True], ids=["token-local", "coupled"])
+# the coupled objective (two passes over the chunks) differs from the token-local one in fused_loss's Python
+# only (stats of every chunk first, then each chunk's backward_), not in the kernels or buffers a dtype reaches:
+# it runs in bf16 and fp32; fp16 (bf16's 2-byte path in another format) runs every schedule token-local
+DTYPE_OBJECTIVE = [(torch.bfloat16, False), (torch.float16, False), (torch.float32, False), (torch.bfloat16, True),
+                   (torch.float32, True)]
+
+
+@pytest.mark.parametrize(("dtype", "coupled"), DTYPE_OBJECTIVE,
+                         ids=[f"{str(d)[6:]}-{'coupled' if c else 'token-local'}" for d, c in DTYPE_OBJECTIVE])
 @pytest.mark.parametrize(
     "strategy,chunk_elements,stage_rows,staged,groups",
     [
@@ -77,7 +85,6 @@ def _objective(coef, coupled):
     ids=["one-chunk", "three-chunks", "staged-two-groups", "staged-one-group", "tl-dot-one-chunk",
          "tl-dot-three-chunks", "tl-dot-tma-three-chunks"],
 )
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_fused_loss_triton_matches_reference(
     dtype, strategy, chunk_elements, stage_rows, staged, groups, coupled, monkeypatch
 ):
