@@ -6,6 +6,7 @@ bf16 autocast: the packed gradients' distance to a float64 reference is at most 
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -20,6 +21,14 @@ PATHS = [("sdpa", "mask"), ("eager", "mask"), ("sdpa", "sdpa_varlen")]
 PRECISIONS = ["bf16-weights", "bf16-autocast"]
 
 
+@functools.cache
+def _reference(attn: str) -> dict[str, torch.Tensor]:
+    """The float64 padded gradients of `_model("qwen2", attn)` on make_items(8, seed=7): computed once per
+    attention and shared by the tests below, which only read them."""
+    return layout_grads(float64_reference(_model("qwen2", attn)), make_items(8, seed=7), "cpu", layout="padded",
+                        body_kernels=False)
+
+
 def _packed_and_padded(model, items, precision: str, path: str, **extra) -> dict[str, dict[str, torch.Tensor]]:
     cfg = {"body_kernels": False, "packed_attention": path, **extra}
     if precision == "bf16-autocast":
@@ -32,11 +41,8 @@ def _packed_and_padded(model, items, precision: str, path: str, **extra) -> dict
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize(("attn", "path"), PATHS, ids=[f"{a}-{p}" for a, p in PATHS])
 def test_packed_equals_padded_in_bf16(attn, path, precision):
-    items = make_items(8, seed=7)
-    model = _model("qwen2", attn)
-    ref = layout_grads(float64_reference(model), items, "cpu", layout="padded", body_kernels=False)
-    grads = _packed_and_padded(model, items, precision, path)
-    assert_within_noise(grads["packed"], grads["padded"], ref, f"qwen2 {attn} {path} {precision}")
+    grads = _packed_and_padded(_model("qwen2", attn), make_items(8, seed=7), precision, path)
+    assert_within_noise(grads["packed"], grads["padded"], _reference(attn), f"qwen2 {attn} {path} {precision}")
 
 
 def _merge_first_two(model_inputs):
@@ -53,12 +59,11 @@ def _merge_first_two(model_inputs):
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("path", ["mask", "sdpa_varlen"])
 def test_the_criterion_catches_a_sequence_attending_its_neighbour(monkeypatch, path, precision):
-    items = make_items(8, seed=7)
-    model = _model("qwen2", "sdpa")
-    ref = layout_grads(float64_reference(model), items, "cpu", layout="padded", body_kernels=False)
+    ref = _reference("sdpa")  # before the leak is planted
     monkeypatch.setattr(packing.PackedAttention, "model_inputs",
                         _merge_first_two(packing.PackedAttention.model_inputs))
-    grads = _packed_and_padded(model, items, precision, path, check_packing=False)  # the probe would refuse it
+    grads = _packed_and_padded(_model("qwen2", "sdpa"), make_items(8, seed=7), precision, path,
+                               check_packing=False)  # the probe would refuse it
     with pytest.raises(AssertionError, match="packed-vs-fp64"):
         assert_within_noise(grads["packed"], grads["padded"], ref, "planted leak")
 
