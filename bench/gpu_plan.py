@@ -61,7 +61,7 @@ CALLS = {
 }
 #: gpu/interpret-marked tests (pytest --collect-only): all, the experimental (TMA) ones among them, and the core
 #: ones the session leaves out as duplicates (gpu_suite.DUPLICATES); measured seconds a test on the H200
-SUITE_TESTS, SUITE_TMA_TESTS, SUITE_DUPLICATES, SUITE_TEST_S, SUITE_TEST_LIMIT_S = 519, 13, 50, 0.68, 60
+SUITE_TESTS, SUITE_TMA_TESTS, SUITE_DUPLICATES, SUITE_TEST_S, SUITE_TEST_LIMIT_S = 514, 12, 50, 0.68, 60
 #: the suite's order: the tests that failed or never finished in this run go first
 SUITE_PRIOR = "bench/results/gpu-runs/2026-11-28-h200/run1/suite-core.jsonl"
 #: measured on the H200 (2026-11-27, 2026-11-28): a path's process start, model build, warm-up and 3 steps took
