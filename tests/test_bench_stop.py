@@ -67,3 +67,18 @@ def test_a_second_sigint_ends_at_once():
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 130 and "never" not in out and time.monotonic() - start < 10
+
+
+def test_a_signal_while_the_tables_are_saved_stops_the_run_after_they_are_whole():
+    """A SIGTERM that lands while a table is being written (the bench saves after every case) is held until the
+    write ends, then stops the run as any other: what was being saved is saved whole and counted."""
+    from ludic_fast.benchmark.runner import BenchStopped, signals_held, stop_on_signals
+
+    written, before = [], signal.getsignal(signal.SIGTERM)
+    with pytest.raises(BenchStopped) as stopped, stop_on_signals():
+        with signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            written.append("the rest of the table")
+        written.append("after the save")  # never reached: the held signal stops the run here
+    assert written == ["the rest of the table"] and stopped.value.name == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -31,7 +31,7 @@ import torch
 
 from ludic_fast.benchmark.impls import IMPLS
 from ludic_fast.benchmark.report import markdown_report, plot_scaling, summary_table
-from ludic_fast.benchmark.runner import BenchStopped, CaseResult, Options, run_suite, stop_on_signals
+from ludic_fast.benchmark.runner import BenchStopped, CaseResult, Options, run_suite, signals_held, stop_on_signals
 from ludic_fast.benchmark.workloads import WORKLOADS, Shape
 from ludic_fast.cli.validation import OneLineParser, UsageError, check_device, check_file, check_output_dir
 from ludic_fast.run.atomic_io import atomic_write_text
@@ -319,9 +319,10 @@ def main(argv: list[str] | None = None) -> int:
 
     saved: list[int] = [0]
 
-    def save_so_far(done: list[CaseResult]) -> None:  # a run stopped midway keeps its tables
-        write_tables(done, {**meta, "status": f"incomplete: {len(done)} of {total} cases (the run stopped)"}, out)
-        saved[0] = len(done)
+    def save_so_far(done: list[CaseResult]) -> None:  # a run stopped midway keeps its tables, written whole
+        with signals_held():
+            write_tables(done, {**meta, "status": f"incomplete: {len(done)} of {total} cases (the run stopped)"}, out)
+            saved[0] = len(done)
 
     try:
         with stop_on_signals():

@@ -158,6 +158,22 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Within: a SIGINT / SIGTERM waits for the block's end (a table being saved is saved whole), then goes to
+    the handler of the moment (`stop_on_signals`' outside it). The main thread only."""
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
 def run_case(impl: str, workload: str, shape: Shape, opts: Options) -> CaseResult:
     """Measure one case (or say why it is skipped / how it failed)."""
     info = get_impl(impl)
