@@ -134,8 +134,8 @@ demo: $(STAMP)
 
 # tools/make_test.sh runs the stages: .venv while the other venvs build in the background (log in build/venvs.log),
 # the unit suite, then three lanes at once: kernels (the interpreter smoke on .venv's triton, the kernel compile
-# test and the interpreter suite on triton 3.6, the GPU image's and the floor), vllm (verl's tests, then vLLM's),
-# verifiers (verifiers 0.4's). Every stage runs even after one fails, each prints its time, and make test fails if
+# test and the interpreter suite on triton 3.6, the GPU image's and the floor), vllm (verl's tests, then vLLM's
+# ludic-fast runs), services (verifiers 0.4's tests, then vLLM's engine and server tests). Every stage runs even after one fails, each prints its time, and make test fails if
 # any did. The interpreter suite runs whole on triton 3.6 and as a smoke on .venv's triton (INTERPRET_SMOKE: all five
 # launchers, and the head gradient and the divergence kernel against the float64 reference): the kernels have no
 # version branches, and the unit suite compiles every kernel on .venv's triton (tests/test_kernel_compile.py) as the

@@ -29,6 +29,9 @@ def _run(tmp_path: Path, fail_pytest_of: dict[str, str] | None = None,
            "SUBMAKE": str(tmp_path / "make"), "STAMP": "main-stamp", "TRITON36_STAMP": "t36-stamp",
            "VERL_STAMP": "verl-stamp", "VLLM_STAMP": "vllm-stamp", "VERIFIERS_STAMP": "vf-stamp",
            "VLLM_VENV": "vllm", "VERIFIERS_VENV": "vf"}
+    (tmp_path / "tests").mkdir()
+    for name in ("test_vllm_agents", "test_vllm_train", "test_vllm_pipeline", "test_vllm_engine", "test_vllm_server"):
+        (tmp_path / "tests" / f"{name}.py").write_text("")
     for var, venv in VENVS.items():
         (tmp_path / venv).mkdir()
         code = {"fail": "exit 1", "kill": "kill -9 $PPID"}.get(fail_pytest_of.get(venv, ""), "exit 0")
@@ -48,15 +51,18 @@ def test_every_stage_runs_in_its_lane_and_a_green_run_exits_0(tmp_path):
     assert any(line.startswith("[kernels] ran t36: -m pytest -n 2") and line.endswith("tests/interpret")
                for line in lines)
     assert "[vllm] ran verl: -m pytest -q -rfEs tests/test_integration_verl.py" in lines
-    assert any(line.startswith("[vllm] ran vllm:") for line in lines)
-    assert "[verifiers] ran vf: -m pytest -q -rfEs tests/test_verifiers_v04.py" in lines
+    assert "[vllm] ran vllm: -m pytest -q -rfEs --junitxml=build/junit-vllm-runs.xml tests/test_vllm_agents.py " \
+           "tests/test_vllm_train.py tests/test_vllm_pipeline.py" in lines
+    assert "[services] ran vf: -m pytest -q -rfEs tests/test_verifiers_v04.py" in lines
+    assert "[services] ran vllm: -m pytest -q -rfEs --junitxml=build/junit-vllm-engine.xml tests/test_vllm_engine.py " \
+           "tests/test_vllm_server.py" in lines  # every other test_vllm file
     assert lines[-1].endswith("failed: none")
 
 
 @pytest.mark.parametrize(("fail_pytest_of", "fail_build", "named"), [
-    ({"vllm": "fail"}, "", "vllm"), ({"t36": "fail"}, "", "compile-triton36 interpreter-triton36"),
+    ({"vllm": "fail"}, "", "vllm-runs vllm-engine"), ({"t36": "fail"}, "", "compile-triton36 interpreter-triton36"),
     ({}, "vf-stamp", "venv-verifiers"), ({"main": "fail"}, "", "unit interpreter-smoke"),
-    ({"vf": "kill"}, "", "verifiers"),  # the lane itself killed: it left no record, so it is named
+    ({"vf": "kill"}, "", "services"),  # the lane itself killed: it left no record, so it is named
 ])
 def test_a_failure_anywhere_fails_the_run_and_the_other_stages_still_run(tmp_path, fail_pytest_of, fail_build,
                                                                            named):

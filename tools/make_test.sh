@@ -4,11 +4,11 @@
 # the pip -e steps take turns, the Makefile's EDITABLE; log in build/venvs.log). After the unit suite, three lanes
 # run at once, each its stages in order, each line of output prefixed with its lane's name:
 #   kernels     the interpreter smoke (.venv's triton), the kernel compile test and the interpreter suite (triton 3.6)
-#   vllm        verl's tests (.venv-verl), then vLLM's (.venv-vllm)
-#   verifiers   verifiers 0.4's tests (.venv-verifiers)
-# The vllm and verifiers lanes keep about one core busy each (process starts, a served model), the kernels lane two:
-# run one after another they left a core idle for most of their ~370 s. Every stage runs even after one fails, each
-# prints its time, and the exit status is 1 if any failed.
+#   vllm        verl's tests (.venv-verl), then vLLM's ludic-fast runs (vllm-runs: VLLM_RUNS, in .venv-vllm)
+#   services    verifiers 0.4's tests (.venv-verifiers), then the other vLLM tests (vllm-engine: engine, servers)
+# The vLLM and verifiers tests keep about one core busy (process starts, served models), the kernels lane two: one
+# after another they left a core idle for most of their ~370 s, and the vLLM tests alone were the longest lane.
+# Every stage runs even after one fails, each prints its time, and the exit status is 1 if any failed.
 set -u
 : "${PY:?} ${XDIST:?} ${INTERPRET_SMOKE:?} ${SUBMAKE:?} ${STAMP:?}"
 : "${TRITON36_PY:?} ${TRITON36_STAMP:?} ${VERL_PY:?} ${VERL_STAMP:?} ${VLLM_PY:?} ${VLLM_VENV:?} ${VLLM_STAMP:?}"
@@ -50,18 +50,31 @@ kernels_lane() {
     fi
 }
 
+vllm_stage() {  # vllm_stage NAME TEST_FILES...: vLLM's tests in .venv-vllm, a JUnit file per stage
+    local name=$1
+    shift
+    stage "$name" env LUDIC_FAST_REQUIRE_VLLM="$(test -e "$VLLM_VENV/no-vllm" && echo 0 || echo 1)" \
+        "$VLLM_PY" -m pytest -q -rfEs --junitxml="build/junit-$name.xml" "$@"
+}
+
+VLLM_RUNS="tests/test_vllm_agents.py tests/test_vllm_train.py tests/test_vllm_pipeline.py"  # the ludic-fast runs
+
 vllm_lane() {
     stage venvs-verl-vllm built verl-vllm || return
     stage verl env LUDIC_FAST_REQUIRE_VERL=1 "$VERL_PY" -m pytest -q -rfEs tests/test_integration_verl.py
-    stage vllm env LUDIC_FAST_REQUIRE_VLLM="$(test -e "$VLLM_VENV/no-vllm" && echo 0 || echo 1)" \
-        "$VLLM_PY" -m pytest -q -rfEs --junitxml=build/junit-vllm.xml tests/test_vllm*.py
+    vllm_stage vllm-runs $VLLM_RUNS
 }
 
-verifiers_lane() {
-    stage venv-verifiers built verifiers || return
-    stage verifiers-0.4 env PATH="$PWD/$VERIFIERS_VENV/bin:$PATH" \
-        LUDIC_FAST_REQUIRE_VERIFIERS="$(test -e "$VERIFIERS_VENV/no-verifiers" && echo 0 || echo 1)" \
-        "$VERIFIERS_PY" -m pytest -q -rfEs tests/test_verifiers_v04.py
+services_lane() {
+    if stage venv-verifiers built verifiers; then
+        stage verifiers-0.4 env PATH="$PWD/$VERIFIERS_VENV/bin:$PATH" \
+            LUDIC_FAST_REQUIRE_VERIFIERS="$(test -e "$VERIFIERS_VENV/no-verifiers" && echo 0 || echo 1)" \
+            "$VERIFIERS_PY" -m pytest -q -rfEs tests/test_verifiers_v04.py
+    fi
+    built verl-vllm > /dev/null || return  # the vllm lane names a failed build
+    local file rest=()
+    for file in tests/test_vllm*.py; do [[ " $VLLM_RUNS " = *" $file "* ]] || rest+=("$file"); done
+    vllm_stage vllm-engine "${rest[@]}"
 }
 
 start_lane() {  # start_lane NAME: runs NAME_lane in the background, its lines prefixed, its failures kept in a file
@@ -72,7 +85,7 @@ build_in_background triton36 "$TRITON36_STAMP"
 build_in_background verl-vllm "$VERL_STAMP" "$VLLM_STAMP"
 build_in_background verifiers "$VERIFIERS_STAMP"
 stage venv $SUBMAKE "$STAMP"
-lanes="vllm verifiers"
+lanes="vllm services"
 if [ $status = 0 ]; then
     stage unit "$PY" -m pytest $XDIST -q -rfEs --junitxml=build/junit-unit.xml tests --ignore=tests/interpret
     lanes="kernels $lanes"
