@@ -132,8 +132,8 @@ $(NEWEST_STAMP): $(call stale,$(NEWEST_STAMP),$(PINS))
 demo: $(STAMP)
 	$(VENV)/bin/ludic-fast demo
 
-# tools/make_test.sh runs the stages: .venv while the other venvs build in the background (log in build/venvs.log),
-# the unit suite, then three lanes at once: kernels (the interpreter smoke on .venv's triton, the kernel compile
+# tools/make_test.sh runs the stages: .venv, then the unit suite while the other venvs build in the background (log
+# in build/venvs.log), then three lanes at once: kernels (the interpreter smoke on .venv's triton, the kernel compile
 # test and the interpreter suite on triton 3.6, the GPU image's and the floor), vllm (verl's tests, then vLLM's
 # ludic-fast runs), services (verifiers 0.4's tests, then vLLM's engine and server tests). Every stage runs even after one fails, each prints its time, and make test fails if
 # any did. The interpreter suite runs whole on triton 3.6 and as a smoke on .venv's triton (INTERPRET_SMOKE: all five
