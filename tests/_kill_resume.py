@@ -37,23 +37,19 @@ def stall_checkpoint_write(crash_step: int) -> None:
     checkpoint.save_file = slow_save_file
 
 
-def _start(script: Path, *args: str) -> forked.Forked:
+def _as_main(script: Path, *args: str) -> forked.Target:
+    """The child's target: `python script args...` in the forked process."""
     def main() -> None:
         sys.argv = [str(script), *args]
         runpy.run_path(str(script), run_name="__main__")
 
-    return forked.start(main, stdout=forked.PIPE, stderr=forked.PIPE)
+    return main
 
 
 def _run(script: Path, *args: str) -> list[str]:
-    proc = _start(script, *args)
-    try:
-        out, err = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 0, err[-3000:]
-    return out.splitlines()
+    proc = forked.run(_as_main(script, *args), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.splitlines()
 
 
 def _preload_imports(source: str) -> None:
@@ -86,7 +82,8 @@ def kill_mid_write_then_resume(tmp_path: Path, child: str, total: int, crash: in
     assert sorted(full_steps) == list(range(1, total + 1))
 
     run_dir = tmp_path / "crashed"
-    proc = _start(script, str(run_dir), "crash", str(total), str(crash))
+    proc = forked.start(_as_main(script, str(run_dir), "crash", str(total), str(crash)), stdout=forked.PIPE,
+                        stderr=forked.PIPE)
     crashed_lines = []
     deadline = time.monotonic() + 300
     try:
