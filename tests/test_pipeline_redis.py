@@ -24,6 +24,7 @@ redis = pytest.importorskip("redis", reason="needs the redis Python client")
 pytest.importorskip("msgpack", reason="needs msgpack")
 
 import _forked as forked  # noqa: E402
+from _pipeline_examples import EXAMPLES, actor_and_learner_mains  # noqa: E402
 from _redis import needs_server  # noqa: E402
 
 from ludic_fast.data.types import ActorTokenLogps, SampleAttachments, SAWItem  # noqa: E402
@@ -84,11 +85,6 @@ def test_codec_roundtrip_and_malformed_payloads():
 
 
 # ------------------------------------------------------------------------ never reached vs lost later
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "pipeline_rl"
-# what the pipeline scripts import when they run: imported once in this process, inherited by the forked ones
-PRELOAD = ("ludic_fast.cli.train", "ludic_fast.distributed.pipeline_ranks", "ludic_fast.engine.stop")
-
-
 def _closed_port_url() -> str:
     with socket.socket() as s:  # bound, then closed: nothing listens there
         s.bind(("127.0.0.1", 0))
@@ -528,7 +524,7 @@ def test_example_scripts_stop_on_sigint_and_sigterm(redis_server):
     starts the scripts in fresh interpreters."""
     common = ["--redis-url", redis_server.url, "--prompts-per-batch", "2", "--group-size", "2", "--threads", "1",
               "--device", "cpu", "--logger", "none"]
-    actor_main, learner_main = (forked.script_main(EXAMPLES / name, PRELOAD) for name in ("actor.py", "learner.py"))
+    actor_main, learner_main = actor_and_learner_mains()
     client = redis.Redis.from_url(redis_server.url)
     refused = forked.run(lambda: learner_main([*common, "--checkpoint-every", "5"]), timeout=120)
     assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1, refused.stderr
@@ -607,7 +603,7 @@ def test_soak_four_actors_learner_sigkilled_and_resumed(redis_server, tmp_path):
               "--threads", "1", "--device", "cpu", "--logger", "none"]
     learner_argv = [*common, "--sft-steps", "0", "--rl-steps", str(steps), "--eval-every", "0", "--output-dir",
                     str(out), "--checkpoint-every", str(every)]
-    actor_main, learner_main = (forked.script_main(EXAMPLES / name, PRELOAD) for name in ("actor.py", "learner.py"))
+    actor_main, learner_main = actor_and_learner_mains()
     logs = {}
 
     def start(name, main, argv):  # forked from this process: the scripts' imports are done once, here

@@ -10,13 +10,10 @@ from pathlib import Path
 
 import _forked as forked
 import pytest
+from _pipeline_examples import actor_and_learner_mains
 from _redis import needs_server
 
 from ludic_fast.run.loggers import keep_records_for_resume
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "pipeline_rl"
-# what the pipeline scripts import when they run: imported once in this process, inherited by the forked ones
-PRELOAD = ("ludic_fast.cli.train", "ludic_fast.distributed.pipeline_ranks", "ludic_fast.engine.stop")
 
 
 def _write(path: Path, records: list[dict]) -> None:
@@ -81,7 +78,7 @@ def test_learner_resumed_after_a_kill_keeps_the_warm_up_and_logs_each_rl_step_on
               "--threads", "1", "--device", "cpu", "--logger", "none"]
     learner_argv = [*common, "--sft-steps", str(sft_steps), "--rl-steps", str(rl_steps), "--eval-every", "0",
                     "--output-dir", str(out), "--checkpoint-every", str(every)]
-    actor_main, learner_main = (forked.script_main(EXAMPLES / name, PRELOAD) for name in ("actor.py", "learner.py"))
+    actor_main, learner_main = actor_and_learner_mains()
     logs: dict[str, Path] = {}
     procs = []
 
