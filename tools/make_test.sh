@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
-# `make test`'s stages (the Makefile's `test` target sets the variables below). .venv and .venv-triton36 build
-# first, at once, and the triton36 lane starts as soon as its venv is there: the Triton interpreter keeps one core
-# busy with no other work (~170 CPU-s), while pip, building .venv, leaves the other core idle for most of its
-# ~100 s. The other venvs build in the background while the unit suite runs (log in build/venvs.log; the Makefile's
-# `editable` step takes turns, the dependency installs do not). After the unit suite, three more lanes run at once,
-# each its stages in order; each line of output is prefixed with its lane's name:
-#   triton36    the kernel compile test and the interpreter suite on triton 3.6 (one process: it runs beside pip,
-#               then beside the unit suite's two workers)
-#   kernels     the interpreter smoke on .venv's triton
+# `make test`'s stages (the Makefile's `test` target sets the variables below). .venv builds first; the other venvs
+# build in the background while the unit suite runs (the pip -e steps take turns, the Makefile's EDITABLE; log in
+# build/venvs.log): built beside .venv instead, all five took 168-205 s together before the unit suite could start,
+# against 100 s for .venv alone. After the unit suite, three lanes run at once, each its stages in order, each line
+# of output prefixed with its lane's name:
+#   kernels     the interpreter smoke (.venv's triton), the kernel compile test and the interpreter suite (triton 3.6)
 #   vllm        verl's tests (.venv-verl), then vLLM's ludic-fast runs (vllm-runs: VLLM_RUNS, in .venv-vllm)
 #   services    verifiers 0.4's tests (.venv-verifiers), then the other vLLM tests (vllm-engine: engine, servers)
 # The vLLM and verifiers tests keep about one core busy (process starts, served models), the kernels lane two: one
@@ -45,15 +42,13 @@ built() {  # built NAME: waits for the background build NAME; fails, with the bu
     return 1
 }
 
-triton36_lane() {
-    stage venv-triton36 built triton36 || return
-    stage compile-triton36 "$TRITON36_PY" -m pytest -q -rfEs tests/test_kernel_compile.py
-    stage interpreter-triton36 env TRITON_INTERPRET=1 "$TRITON36_PY" -m pytest -q -rfEs \
-        --junitxml=build/junit-interpreter.xml tests/interpret
-}
-
 kernels_lane() {
     stage interpreter-smoke env TRITON_INTERPRET=1 "$PY" -m pytest -q -rfEs $INTERPRET_SMOKE
+    if stage venv-triton36 built triton36; then
+        stage compile-triton36 "$TRITON36_PY" -m pytest -q -rfEs tests/test_kernel_compile.py
+        stage interpreter-triton36 env TRITON_INTERPRET=1 "$TRITON36_PY" -m pytest $XDIST -q -rfEs \
+            --junitxml=build/junit-interpreter.xml tests/interpret
+    fi
 }
 
 vllm_stage() {  # vllm_stage NAME TEST_FILES...: vLLM's tests in .venv-vllm, a JUnit file per stage
@@ -87,9 +82,8 @@ start_lane() {  # start_lane NAME: runs NAME_lane in the background, its lines p
     { status=0 failed=""; "$1_lane"; echo "$failed" > "build/lane-$1.failed"; } 2>&1 | sed -u "s/^/[$1] /" &
 }
 
-build_in_background triton36 "$TRITON36_STAMP"
-start_lane triton36
 stage venv $SUBMAKE "$STAMP"
+build_in_background triton36 "$TRITON36_STAMP"
 build_in_background verl-vllm "$VERL_STAMP" "$VLLM_STAMP"
 build_in_background verifiers "$VERIFIERS_STAMP"
 lanes="vllm services"
@@ -98,7 +92,6 @@ if [ $status = 0 ]; then
     lanes="kernels $lanes"
 fi
 for lane in $lanes; do start_lane "$lane"; done
-lanes="triton36 $lanes"
 wait
 for lane in $lanes; do  # a lane that left no file ended abnormally
     failed="$failed$(cat "build/lane-$lane.failed" 2>/dev/null || echo " $lane")"
