@@ -59,6 +59,10 @@ PINS        := $(call pins,pyproject.toml setup.py)
 PINS_OLDEST := $(call pins,pyproject.toml setup.py tests/constraints-oldest.txt)
 # `pip install -e .` rewrites ludic_fast.egg-info in the tree: venvs built at once (make test) take turns there
 EDITABLE := mkdir -p build && flock build/pip-editable.lock
+# pip compiles every module it installs to bytecode: ~40 CPU-s for .venv-verl's or .venv-verifiers' 16-18k files,
+# where their tests start a few interpreters that import a fraction of them (compiled at import instead: +6 CPU-s
+# for verl's tests, +17 for verifiers 0.4's). Those two venvs install without it (make test's CPU, not its files)
+PIP_NO_COMPILE := pip install -q --no-compile
 
 .PHONY: FORCE venvs demo test test-pretend-cuda test-oldest test-newest test-gpu bench-e2e-gpu lint docs bench clean
 
@@ -72,8 +76,8 @@ $(STAMP): $(call stale,$(STAMP),$(PINS))
 $(VERL_STAMP): $(call stale,$(VERL_STAMP),$(PINS))
 	test -x $(VERL_PY) || python3 -m venv $(VERL_VENV)
 	$(VERL_PY) -m pip install -q --upgrade pip
-	$(VERL_PY) -m pip install -q torch==2.13.0
-	$(EDITABLE) $(VERL_PY) -m pip install -q -e ".[verl]" pytest pytest-timeout
+	$(VERL_PY) -m $(PIP_NO_COMPILE) torch==2.13.0
+	$(EDITABLE) $(VERL_PY) -m $(PIP_NO_COMPILE) -e ".[verl]" pytest pytest-timeout
 	echo $(PINS) > $(VERL_STAMP)
 
 # vLLM's CPU build pins its own torch (2.13.0+cpu, ours) and transformers (>=5.16.1,<5.20); pip also pulls CUDA
@@ -98,10 +102,11 @@ VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed-stamp
 $(VERIFIERS_STAMP): $(call stale,$(VERIFIERS_STAMP),$(PINS))
 	test -x $(VERIFIERS_PY) || python3 -m venv $(VERIFIERS_VENV)
 	$(VERIFIERS_PY) -m pip install -q --upgrade pip
-	$(VERIFIERS_PY) -m pip install -q torch==2.13.0
-	if $(EDITABLE) $(VERIFIERS_PY) -m pip install -q -e . verifiers==0.4.0 uv pytest pytest-timeout; then rm -f $(VERIFIERS_VENV)/no-verifiers; \
+	$(VERIFIERS_PY) -m $(PIP_NO_COMPILE) torch==2.13.0
+	if $(EDITABLE) $(VERIFIERS_PY) -m $(PIP_NO_COMPILE) -e . verifiers==0.4.0 uv pytest pytest-timeout; then \
+	  rm -f $(VERIFIERS_VENV)/no-verifiers; \
 	else echo "pip could not install verifiers 0.4.0 here" | tee $(VERIFIERS_VENV)/no-verifiers >&2; \
-	  $(EDITABLE) $(VERIFIERS_PY) -m pip install -q -e . pytest pytest-timeout; fi
+	  $(EDITABLE) $(VERIFIERS_PY) -m $(PIP_NO_COMPILE) -e . pytest pytest-timeout; fi
 	echo $(PINS) > $(VERIFIERS_STAMP)
 
 # triton 3.6.0 (the GPU image's, the floor) with torch and numpy, and only what the kernel compile test and the
