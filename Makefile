@@ -61,8 +61,7 @@ PINS_OLDEST := $(call pins,pyproject.toml setup.py tests/constraints-oldest.txt)
 EDITABLE := mkdir -p build && flock build/pip-editable.lock
 # pip compiles every module it installs to bytecode: ~40 CPU-s for .venv-verl's or .venv-verifiers' 16-18k files,
 # where their tests start a few interpreters that import a fraction of them (compiled at import instead: +6 CPU-s
-# for verl's tests, +17 for verifiers 0.4's). Those two venvs install without it (make test's CPU, not its files)
-PIP_NO_COMPILE := pip install -q --no-compile
+# for verl's tests, +17 for verifiers 0.4's). Those two venvs install with --no-compile (make test's CPU)
 
 .PHONY: FORCE venvs demo test test-pretend-cuda test-oldest test-newest test-gpu bench-e2e-gpu lint docs bench clean
 
@@ -76,8 +75,8 @@ $(STAMP): $(call stale,$(STAMP),$(PINS))
 $(VERL_STAMP): $(call stale,$(VERL_STAMP),$(PINS))
 	test -x $(VERL_PY) || python3 -m venv $(VERL_VENV)
 	$(VERL_PY) -m pip install -q --upgrade pip
-	$(VERL_PY) -m $(PIP_NO_COMPILE) torch==2.13.0
-	$(EDITABLE) $(VERL_PY) -m $(PIP_NO_COMPILE) -e ".[verl]" pytest pytest-timeout
+	$(VERL_PY) -m pip install -q --no-compile torch==2.13.0
+	$(EDITABLE) $(VERL_PY) -m pip install -q --no-compile -e ".[verl]" pytest pytest-timeout
 	echo $(PINS) > $(VERL_STAMP)
 
 # vLLM's CPU build pins its own torch (2.13.0+cpu, ours) and transformers (>=5.16.1,<5.20); pip also pulls CUDA
@@ -102,11 +101,11 @@ VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed-stamp
 $(VERIFIERS_STAMP): $(call stale,$(VERIFIERS_STAMP),$(PINS))
 	test -x $(VERIFIERS_PY) || python3 -m venv $(VERIFIERS_VENV)
 	$(VERIFIERS_PY) -m pip install -q --upgrade pip
-	$(VERIFIERS_PY) -m $(PIP_NO_COMPILE) torch==2.13.0
-	if $(EDITABLE) $(VERIFIERS_PY) -m $(PIP_NO_COMPILE) -e . verifiers==0.4.0 uv pytest pytest-timeout; then \
+	$(VERIFIERS_PY) -m pip install -q --no-compile torch==2.13.0
+	if $(EDITABLE) $(VERIFIERS_PY) -m pip install -q --no-compile -e . verifiers==0.4.0 uv pytest pytest-timeout; then \
 	  rm -f $(VERIFIERS_VENV)/no-verifiers; \
 	else echo "pip could not install verifiers 0.4.0 here" | tee $(VERIFIERS_VENV)/no-verifiers >&2; \
-	  $(EDITABLE) $(VERIFIERS_PY) -m $(PIP_NO_COMPILE) -e . pytest pytest-timeout; fi
+	  $(EDITABLE) $(VERIFIERS_PY) -m pip install -q --no-compile -e . pytest pytest-timeout; fi
 	echo $(PINS) > $(VERIFIERS_STAMP)
 
 # triton 3.6.0 (the GPU image's, the floor) with torch and numpy, and only what the kernel compile test and the
@@ -137,15 +136,16 @@ $(NEWEST_STAMP): $(call stale,$(NEWEST_STAMP),$(PINS))
 demo: $(STAMP)
 	$(VENV)/bin/ludic-fast demo
 
-# tools/make_test.sh runs the stages: .venv, then the unit suite while the other venvs build in the background (log
-# in build/venvs.log), then three lanes at once: kernels (the interpreter smoke on .venv's triton, the kernel compile
-# test and the interpreter suite on triton 3.6, the GPU image's and the floor), vllm (verl's tests, then vLLM's
-# ludic-fast runs), services (verifiers 0.4's tests, then vLLM's engine and server tests). Every stage runs even after one fails, each prints its time, and make test fails if
-# any did. The interpreter suite runs whole on triton 3.6 and as a smoke on .venv's triton (INTERPRET_SMOKE: all five
-# launchers, and the head gradient and the divergence kernel against the float64 reference): the kernels have no
-# version branches, and the unit suite compiles every kernel on .venv's triton (tests/test_kernel_compile.py) as the
-# triton 3.6 stage does. The unit, interpreter and vLLM stages leave build/junit-<stage>.xml: `python
-# tools/suite_durations.py build/junit-unit.xml` prints the seconds per test file and the slowest tests.
+# tools/make_test.sh runs the stages: .venv, then the unit suite while the other venvs build in the background (log in
+# build/venvs.log), then three lanes at once: kernels (the interpreter smoke on .venv's triton, the kernel compile test
+# and the interpreter suite on triton 3.6, the GPU image's and the floor), vllm (verl's tests, then vLLM's ludic-fast
+# runs), services (verifiers 0.4's tests, then vLLM's engine and server tests). Every stage runs even after one fails,
+# each prints its time, and make test fails if any did. The interpreter suite runs whole on triton 3.6 and as a smoke on
+# .venv's triton (INTERPRET_SMOKE: all five launchers, and the head gradient and the divergence kernel against the
+# float64 reference): the kernels have no version branches, and the unit suite compiles every kernel on .venv's triton
+# (tests/test_kernel_compile.py) as the triton 3.6 stage does. The unit, interpreter and vLLM stages leave
+# build/junit-<stage>.xml: `python tools/suite_durations.py build/junit-unit.xml` prints the seconds per test file and
+# the slowest tests.
 INTERPRET_SMOKE ?= tests/interpret/test_launch_device.py \
   tests/interpret/test_head_numerics_kernels.py::test_target_id_zero_gets_its_logprob_gradient \
   tests/interpret/test_divergence_rows.py::test_row_maximum_in_the_tail_block_and_target_zero
