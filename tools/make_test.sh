@@ -31,7 +31,9 @@ stage() {  # stage NAME COMMAND...: runs it, prints its time, records a failure
 }
 
 build_in_background() {  # build_in_background NAME STAMP...: builds the venvs, then leaves build/built-NAME
-    { $SUBMAKE "${@:2}" >> build/venvs.log 2>&1; echo $? > "build/built-$1"; } &
+    # written aside and renamed: `built` must never read the file between its creation and its content
+    { $SUBMAKE "${@:2}" >> build/venvs.log 2>&1; echo $? > "build/built-$1.part"
+      mv "build/built-$1.part" "build/built-$1"; } &
 }
 
 built() {  # built NAME: waits for the background build NAME; fails, with the build's log, if it failed
