@@ -15,6 +15,12 @@ grad clipping, AdamW — on a Llama-architecture model built from a config (rand
 - `trl+liger`: the same with `GRPOConfig(use_liger_kernel=True)`, which in TRL 1.16 patches Liger-Kernel's
   body kernels (RMSNorm, SwiGLU, RoPE) into the model — the like of `ours-*+kernels` (CUDA only).
 
+TRL's settings take effect as in `GRPOTrainer.train()`: transformers' `Trainer.train()` (5.17 to 5.24), not
+the trainer's constructor, patches Liger's kernels in and turns activation checkpointing on, and a step timed
+without `train()` would silently run without them; the bench does both as `train()` does before its first step.
+Activation checkpointing is off for every path unless `--gradient-checkpointing` (GRPOConfig defaults it on:
+the speed race gives TRL its faster setting; the flag races both paths with it, for `--find-max`).
+
 Each path runs in its own process (its own peak memory: the CUDA allocator's peak, or peak RSS on CPU), one
 micro-batch per step, one warm-up step, then `--steps` timed steps (CUDA-synchronised). `--find-max` doubles
 the sequences per step until a path fails (out of memory) — on CUDA, once two peaks are known, it jumps to where
@@ -80,6 +86,8 @@ def run_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {', '.join(PATHS)}")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="every path recomputes each layer's activations in the backward (default: off for all)")
     return p
 
 
@@ -179,7 +187,7 @@ def _ours_step(args: argparse.Namespace, path: str):
     tokens = args.seqs * args.seq_len
     cfg = TrainerConfig(model_device=args.device, pad_token_id=0, sync_every_steps=0, max_seq_len=args.seq_len,
                         micro_token_budget=tokens, layout="packed" if "packed" in path else "padded",
-                        body_kernels=path.endswith("+kernels"),
+                        body_kernels=path.endswith("+kernels"), gradient_checkpointing=args.gradient_checkpointing,
                         mixed_precision_dtype="bf16" if args.dtype == "mixed-bf16" else None)
     cls = ReferencePathTrainer if path == "reference" else Trainer
     trainer = cls(model=_build_model(args), algo=make_cispo(group_size=2), batch_source=_FixedSource(_items(args)),
@@ -206,11 +214,12 @@ def _trl_step(args: argparse.Namespace, liger: bool = False):
                 max_completion_length=args.seq_len, report_to=[], use_cpu=args.device == "cpu",
                 bf16=args.dtype == "mixed-bf16",
                 save_strategy="no", loss_type="cispo", beta=0.0, use_liger_kernel=liger,
-                learning_rate=1e-5, weight_decay=0.01,
+                gradient_checkpointing=args.gradient_checkpointing, learning_rate=1e-5, weight_decay=0.01,
             ),
             train_dataset=Dataset.from_list([{"prompt": "1+1="}] * len(items)),
             processing_class=build_char_tokenizer(),
         )
+    _as_train_starts(trainer)
     trainer.current_gradient_accumulation_steps = 1
     model = trainer.model.train()
     inputs = _trl_inputs(items, args.device)
@@ -229,6 +238,25 @@ def _trl_step(args: argparse.Namespace, liger: bool = False):
             optimizer.zero_grad(set_to_none=True)
 
     return step, None, model
+
+
+def _as_train_starts(trainer) -> None:
+    """What transformers' `Trainer.train()` (5.17 to 5.24) does to the model before its first step, for the
+    settings the bench gives TRL: Liger's kernels patched in (`use_liger_kernel`), activation checkpointing on
+    (`gradient_checkpointing`, with its kwargs)."""
+    args = trainer.args
+    if args.use_liger_kernel:
+        from transformers.integrations.liger import apply_liger_kernel
+
+        apply_liger_kernel(trainer.model, args.liger_kernel_config)
+    if getattr(args, "activation_checkpointing", args.gradient_checkpointing):  # the former name until 5.17
+        given = getattr(args, "activation_checkpointing_kwargs", None) or args.gradient_checkpointing_kwargs
+        kwargs = dict(given or {})
+        layout = {"every_n_layers": kwargs.pop("every_n_layers", 1), "offload": kwargs.pop("offload", False)}
+        if hasattr(trainer.model, "activation_checkpointing_enable"):
+            trainer.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None, **layout)
+        else:
+            trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None, **layout)
 
 
 def _trl_inputs(items: list, device: str) -> dict:
@@ -361,7 +389,8 @@ def table(args: argparse.Namespace, rows: list[dict]) -> str:
     head = (f"CISPO training step, Llama ({cfg.num_hidden_layers} layers, D={cfg.hidden_size}, V={cfg.vocab_size}, "
             f"{'tied' if cfg.tie_word_embeddings else 'untied'}), {args.dtype}, attn {args.attn}, {args.device}, "
             f"{args.seqs} sequences of <= {args.seq_len} tokens (spread {args.length_spread}), "
-            f"1 warm-up + {args.steps} steps\n\n")
+            f"1 warm-up + {args.steps} steps"
+            f"{', activation checkpointing' if args.gradient_checkpointing else ''}\n\n")
     ref = next((r for r in rows if r["path"] == "reference" and "skipped" not in r), None)
     fit = any("max_seqs" in r for r in rows)
     lines = ["| path | median step s | min step s | tokens/s | peak GiB | estimate GiB | step / reference |"

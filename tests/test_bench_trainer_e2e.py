@@ -178,6 +178,51 @@ def test_trl_liger_and_kernel_paths_need_cuda():
     assert bench.skip_reason(args, "ours-packed") is None
 
 
+def _mlp_runs_per_step(bench, args, path: str) -> tuple[bool, int]:
+    """(the model's checkpointing switch, how often layer 0's MLP ran) in one step of `path`."""
+    step, _, model = bench.build_step(args, path)
+    mlp, runs = model.model.layers[0].mlp, []
+    forward = mlp.forward
+
+    def counted(*a, **k):
+        runs.append(1)
+        return forward(*a, **k)
+
+    mlp.forward = counted
+    step()
+    return model.is_gradient_checkpointing, len(runs)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl")
+@pytest.mark.parametrize("path", ["trl", "ours-packed"])
+def test_gradient_checkpointing_is_what_the_flag_says_on_every_path(path):
+    """Without --gradient-checkpointing no path recomputes a layer (TRL's GRPOConfig defaults it on, but only its
+    train() would apply it: the bench now says off itself); with it, each layer's MLP runs twice a step (forward,
+    then its recompute in the backward) on ours and on TRL, as TRL's train() would set it up."""
+    bench = _bench()
+    argv = ["--vocab", "256", "--hidden", "32", "--layers", "1", "--seqs", "2", "--seq-len", "24"]
+    assert _mlp_runs_per_step(bench, bench.resolve(bench._parser().parse_args(argv)), path) == (False, 1)
+    args = bench.resolve(bench._parser().parse_args([*argv, "--gradient-checkpointing"]))
+    assert _mlp_runs_per_step(bench, args, path) == (True, 2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl")
+def test_trl_liger_path_patches_liger_in_as_train_would(monkeypatch):
+    """`trl+liger`: transformers' Trainer.train(), not GRPOTrainer's constructor, patches Liger's kernels in
+    (`apply_liger_kernel(model, liger_kernel_config)`); the bench, which times steps without train(), makes that
+    call itself, on the model it times (recorded here: Liger's kernels need CUDA)."""
+    import transformers.integrations.liger as liger
+
+    bench = _bench()
+    calls = []
+    monkeypatch.setattr(liger, "apply_liger_kernel", lambda model, config: calls.append((model, config)))
+    args = bench.resolve(bench._parser().parse_args(["--vocab", "256", "--hidden", "32", "--layers", "1"]))
+    _, _, model = bench.build_step(args, "trl")
+    assert calls == []
+    _, _, model = bench.build_step(args, "trl+liger")
+    assert len(calls) == 1 and calls[0][0] is model and calls[0][1]["fused_linear_cross_entropy"] is False
+
+
 def test_find_max_jumps_to_the_memory_extrapolation_on_a_device(tmp_path, monkeypatch):
     """With the device's capacity known (10 GB) and a peak of 1 GB + 0.1 GB a sequence (fits up to 90): 4 runs,
     8 doubles (two peaks now), the line reaches 97 % at 87 (fits), the next try is an eighth above (97, fails),
