@@ -163,17 +163,17 @@ def test_packed_reference_model_logps_equal_padded():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_flex_attention_forward_on_cpu_equals_padded(arch):
-    """Flex attention runs forward-only on CPU (no backward there): the BlockMask path gives the padded hidden
-    states of the same weights under SDPA. (The padded reference is not flex itself: transformers 5.24's padded
-    flex path on CPU returns NaN rows for right-padded batches, which the packed BlockMask path does not.)"""
-    torch._dynamo.reset()  # a recompile for a second shape hits an Inductor CPU codegen bug (dynamic shapes)
+    """The flex path's BlockMask, checked where it runs here (one forward; the trainer refuses flex on CPU: no
+    backward, and a recompile for a second shape hits an Inductor CPU codegen bug): the padded hidden states
+    of the same weights under SDPA. (The padded reference is not flex itself: transformers 5.24's padded flex
+    path on CPU returns NaN rows for right-padded batches, which the packed BlockMask path does not.)"""
+    torch._dynamo.reset()  # one shape per compile (the codegen bug above)
     items = make_items(4, seed=5)
     padded, packed = _batches(items)
     model = _model(arch, "flex_attention").eval()
     reference = _model(arch, "sdpa").eval()
     reference.load_state_dict(model.state_dict())
-    packing = resolve_packed_attention(model, device="cpu", training=False)
-    assert packing.path == "flex"
+    packing = PackedAttention("flex", "flex_attention")
     with torch.no_grad():
         h_packed = final_hidden_states(model, **packing.model_inputs(packed))[0]
         h_padded = final_hidden_states(reference, input_ids=padded["input_ids"],
@@ -184,9 +184,13 @@ def test_flex_attention_forward_on_cpu_equals_padded(arch):
 
 
 # ---------------------------------------------------------------------------------------------- refusals
-def test_flex_training_on_cpu_is_refused():
+def test_flex_on_cpu_is_refused_for_the_policy_and_a_frozen_model():
+    """No flex backward on CPU, and its compiled forward fails at a second sequence length: a frozen model (a
+    reference, a teacher) with flex attention would fail at its second batch, so it is refused up front too."""
     with pytest.raises(PackedAttentionError, match="no backward on CPU"):
         _trainer(_model("llama", "flex_attention"), "packed")
+    with pytest.raises(PackedAttentionError, match="fails at the second sequence length"):
+        resolve_packed_attention(_model("llama", "flex_attention").eval(), device="cpu")
 
 
 def test_model_without_attention_implementation_is_refused():
@@ -294,11 +298,10 @@ def test_auto_attention_moves_eager_and_sdpa_to_flash_flex_or_sdpa_varlen():
 
 def test_flex_on_cuda_with_a_head_dimension_below_16_is_refused():
     """Flex attention's CUDA kernel (Triton, tl.dot) refuses head dimensions below 16; resolving names it rather
-    than letting the compile fail inside the first forward. On the CPU (forward only) it runs."""
+    than letting the compile fail inside the first forward."""
     with pytest.raises(PackedAttentionError, match="head dimensions \\[8\\]"):
-        resolve_packed_attention(_model("llama", "flex_attention"), device="cuda", training=False)
+        resolve_packed_attention(_model("llama", "flex_attention"), device="cuda")
     assert resolve_packed_attention(_model("llama", "flex_attention", head_dim=16), device="cuda").path == "flex"
-    assert resolve_packed_attention(_model("llama", "flex_attention"), device="cpu", training=False).path == "flex"
 
 
 def test_auto_attention_keeps_softcapped_models_on_the_dense_mask():

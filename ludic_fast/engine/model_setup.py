@@ -60,8 +60,8 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
         model.enable_input_require_grads()
 
 
-def packed_attention(cfg: EngineConfig, device: torch.device, amp_dtype: torch.dtype | None, model: nn.Module, *,
-                     training: bool) -> PackedAttention:
+def packed_attention(cfg: EngineConfig, device: torch.device, amp_dtype: torch.dtype | None,
+                     model: nn.Module) -> PackedAttention:
     """The packed-attention path of `model` (`integrations.packing`), probed when `check_packing`. Under
     `packed_attention="auto"` an eager / sdpa model is first moved to flash-attention-2 or flex attention
     (CUDA) or per-sequence SDPA (`auto_attention`); `"sdpa_varlen"` moves it to per-sequence SDPA."""
@@ -70,9 +70,7 @@ def packed_attention(cfg: EngineConfig, device: torch.device, amp_dtype: torch.d
         auto_attention(model, device, half=half, max_seq_len=cfg.max_seq_len)
     elif cfg.packed_attention == "sdpa_varlen":
         use_sdpa_varlen(model)
-    packing = resolve_packed_attention(
-        model, path=cfg.packed_attention, device=device, max_seq_len=cfg.max_seq_len, training=training
-    )
+    packing = resolve_packed_attention(model, path=cfg.packed_attention, device=device, max_seq_len=cfg.max_seq_len)
     if cfg.check_packing:
         check_packed_attention(model, packing, autocast_dtype=amp_dtype)
     return packing

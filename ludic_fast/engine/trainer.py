@@ -147,11 +147,9 @@ class Engine:
         self.packing = None
         self._frozen_packing: dict[int, Any] = {}
         if cfg.layout == "packed":  # before compiling: it may switch the attention implementation, then probes
-            self.packing = model_setup.packed_attention(cfg, self.device, self.amp_dtype, self.model, training=True)
+            self.packing = model_setup.packed_attention(cfg, self.device, self.amp_dtype, self.model)
             for m in frozen:
-                self._frozen_packing[id(m)] = model_setup.packed_attention(
-                    cfg, self.device, self.amp_dtype, m, training=False
-                )
+                self._frozen_packing[id(m)] = model_setup.packed_attention(cfg, self.device, self.amp_dtype, m)
         model_setup.compile_layers(cfg, [self.model, *frozen])
         self.params = [p for p in self.model.parameters() if p.requires_grad] + list(objective.parameters())
         self.optimizer = make_adamw(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas),

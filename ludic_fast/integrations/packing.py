@@ -18,7 +18,8 @@ which this module provides per attention implementation (`config._attn_implement
             per sequence.
 - `flex`    `flex_attention`: a `BlockMask` of the rule above (torch.nn.attention.flex_attention), built from
             each 128-token tile's first and last document (O(total + tiles²), no total² mask); fully masked
-            tiles are skipped. PyTorch's flex attention has no backward on CPU.
+            tiles are skipped. CUDA only: PyTorch's flex attention has no backward on CPU, and its compiled
+            CPU forward fails at the second sequence length it meets (Inductor's C++ code for dynamic shapes).
 - `mask`    `eager` / `sdpa`: a dense `[1, 1, total, total]` mask of the rule above (bool for sdpa, additive
             0 / dtype-min for eager). O(total²) memory: 64 MiB (bool) at 8192 tokens.
 - `position_ids`  restarting positions only: for models whose own attention separates sequences by them.
@@ -289,14 +290,14 @@ def use_sdpa_varlen(model: nn.Module) -> bool:
 
 def resolve_packed_attention(
     model: nn.Module, *, path: str = "auto", device: torch.device | str = "cpu", max_seq_len: int | None = None,
-    training: bool = True,
 ) -> PackedAttention:
     """The packed path for `model` on `device` (`path="auto"`: by its attention implementation, module docstring).
 
     Raises `PackedAttentionError` where packing cannot be exact: no transformers attention implementation
     (auto), an implementation other than eager / sdpa / flex_attention / flash_attention_*, flex attention
-    when training on CPU (PyTorch has no flex backward there) or on CUDA with a head dimension below 16 (its
-    kernel refuses it), a forced path the implementation does not take,
+    on CPU (no flex backward there, and the compiled forward fails at a second sequence length, so a frozen
+    model too) or on CUDA with a head dimension below 16 (its kernel refuses it), a forced path the
+    implementation does not take,
     or a sliding-window / chunked-attention model (mask and flex paths; chunked only on sdpa_varlen, which
     applies sliding windows per sequence) whose window is shorter than `max_seq_len` (with shorter sequences
     the window never binds)."""
@@ -309,10 +310,11 @@ def resolve_packed_attention(
             f"packed_attention={path!r} does not fit attention implementation {impl!r} "
             f"(it takes {_auto_path(impl)!r}); use packed_attention='auto'"
         )
-    if chosen == "flex" and training and torch.device(device).type == "cpu":
+    if chosen == "flex" and torch.device(device).type == "cpu":
         raise PackedAttentionError(
-            "layout='packed' with flex_attention on CPU: PyTorch's flex attention has no backward on CPU; "
-            "use attn_implementation='sdpa' or 'eager' there (the trainer then attends each sequence on its own)"
+            "layout='packed' with flex_attention on CPU: PyTorch's flex attention has no backward on CPU, and its "
+            "compiled forward fails at the second sequence length it meets there; use attn_implementation='sdpa' "
+            "or 'eager' (the trainer then attends each sequence on its own)"
         )
     config = getattr(unwrap_model(model), "config", None)
     on_cuda = torch.device(device).type == "cuda"
