@@ -60,10 +60,10 @@ def test_session_plan_fits_the_calls_and_orders_the_stages():
         assert plan.stage_estimate(stage)[0] <= given[stage]
     assert plan.suite_tests() * plan.SUITE_TEST_S <= given["suite"] - 10
     assert len(plan.E2E_PATHS) * plan.E2E_PATH_S <= given["e2e"] - 10
-    assert set(plan.BENCH_STAGES["decisive"][0]) == {"anchor", "N=512"}
+    assert set(plan.BENCH_STAGES["decisive"][0]) == {"anchor", "qwen0.5b"}  # the goals' two shapes
     assert all("tma" in impl for impl in plan.BENCH_STAGES["experimental"][2])
     args = plan.bench_args("decisive", "trl", tiny=False)
-    assert args[:6] == ["--preset", "gpu", "--shapes", "8192x4096x151936,512x4096x151936", "--workloads",
+    assert args[:6] == ["--preset", "gpu", "--shapes", "8192x4096x151936,16384x896x151936", "--workloads",
                         "head,cispo"]
 
 
