@@ -47,11 +47,13 @@ SHAPES = {
 DECISIVE_IMPLS = ("ours-generic", "ours-fused", "trl", "gemm-fwd+bwd")
 #: bench stage -> (shapes, workloads, implementations in the order measured: the goals' first). The decisive
 #: stage measures the goals' two shapes, the anchor and Qwen2.5-0.5B's (D=896; N=512, measured in both H200 runs,
-#: is no goal's); the shapes stage adds the forced strategies at D=896
+#: is no goal's); preference races DPO and distillation against Liger's fused linear losses; shapes times the
+#: forced strategies at D=896 beside the default plan and TRL
 BENCH_STAGES = {
     "decisive": (("anchor", "qwen0.5b"), ("head", "cispo"), DECISIVE_IMPLS),
+    "preference": (("anchor",), ("dpo", "jsd"), ("ours-fused", "liger", "gemm-fwd+bwd")),
     "experimental": (("anchor",), ("head", "cispo"), ("ours-triton-fused-tma", "ours-fused-tl-dot-tma")),
-    "shapes": (("qwen0.5b",), ("head", "cispo"), DECISIVE_IMPLS + ("ours-triton-fused", "ours-fused-tl-dot")),
+    "shapes": (("qwen0.5b",), ("head", "cispo"), ("ours-fused", "trl", "ours-triton-fused", "ours-fused-tl-dot")),
 }
 #: call -> (its seconds, [(stage, seconds)] in the order run); each stage also stops when the call's time is up.
 #: run1 + run2 fit one GPU loan of 15 minutes with the machine's start (~160 s at 6e98f8f: 840 s held for
@@ -59,7 +61,7 @@ BENCH_STAGES = {
 CALLS = {
     "run1": (480, [("setup", 15), ("suite", 330), ("decisive", 135)]),
     "run2": (230, [("setup", 15), ("e2e", 95), ("profile", 120)]),
-    "run3": (240, [("setup", 15), ("shapes", 155), ("experimental", 70)]),
+    "run3": (300, [("setup", 15), ("preference", 95), ("shapes", 120), ("experimental", 70)]),
 }
 #: gpu/interpret-marked tests (pytest --collect-only): all, the experimental (TMA) ones among them, and the core
 #: ones the session leaves out as duplicates (gpu_suite.DUPLICATES); measured seconds a test on the H200
@@ -73,7 +75,7 @@ STAGE_START_S, IMPL_START_S, CASE_OVERHEAD_S, RUNS = 12.0, 18.0, 3.0, 2 + 5 + 1
 #: what each stage took in the 6e98f8f run (bench/results/gpu-runs/2026-11-28-h200/run*/session-run*.log)
 MEASURED = {"setup": "13 / 12", "suite": "260 (cut: 369 of 496 tests)", "decisive": "144 (the floor cut)",
             "e2e": "145 (cut: 3 paths, --find-max not reached)", "shapes": "104 (3 of 7 implementations)",
-            "experimental": "not run", "profile": "new"}
+            "experimental": "not run", "profile": "new", "preference": "new"}
 TRL_MS = {("anchor", "head"): 62.7, ("qwen0.5b", "head"): 35.3, ("llama8b", "head"): 218.7, ("N=64", "head"): 7.5,
           ("N=512", "head"): 8.1, ("N=2048", "head"): 18.3, ("anchor", "cispo"): 62.8, ("qwen0.5b", "cispo"): 34.1,
           ("llama8b", "cispo"): 207.8}
@@ -156,7 +158,8 @@ def budget_table() -> str:
                  f"each under {SUITE_TEST_LIMIT_S} s, the last run's failed and unfinished ones first",
         "decisive": "head op + CISPO at the goals' shapes, the anchor and D=896: ours, TRL, the 6NDV floor",
         "experimental": f"the TMA variants: their {SUITE_TMA_TESTS} tests, then their bench cases at the anchor",
-        "shapes": "head op + CISPO at Qwen2.5-0.5B's shape (D=896), with the tl.dot strategy forced: which wins there",
+        "shapes": "head op + CISPO at Qwen2.5-0.5B's shape (D=896), each strategy forced beside the default and TRL",
+        "preference": "DPO and distillation (JSD) at the anchor: ours fused, Liger's fused linear losses, the floor",
         "e2e": f"the trainer race (Qwen2.5-0.5B shape, 16 x 1024 tokens): {', '.join(E2E_PATHS)}",
         "profile": "bench/trainer_profile.py: where a training step's time goes, per path (its default paths)",
     }

@@ -5,7 +5,7 @@
 #   bash bench/gpu_session.sh wheels     # HERE (a machine with PyPI): the peers' wheels into .whl/
 #   bash bench/gpu_session.sh run1       # THERE, call 1 (<= 480 s): the whole core suite's verdict, decisive numbers
 #   bash bench/gpu_session.sh run2       # THERE, call 2 (<= 230 s): the trainer race, then its profile
-#   bash bench/gpu_session.sh run3       # THERE, only with device time left: D=896 shapes, then the TMA paths
+#   bash bench/gpu_session.sh run3       # THERE, only with device time left: DPO / JSD vs Liger, D=896 strategies, TMA
 #   bash bench/gpu_session.sh rehearse   # HERE, on the CPU: run1, run2, run3 at tiny shapes (see below)
 #   bash bench/gpu_session.sh rehearse run1   # ... one call only
 #   STAGES="decisive" bash bench/gpu_session.sh run1   # only these stages of the call (a rerun), still in order
