@@ -29,6 +29,10 @@ one), and the step its device busy time (the sum of its kernels' times) beside t
 above the busy time is a step the host holds back. The aten ops per step (and on CUDA the device events per
 step) count the work the host dispatches, each op a few microseconds of host time on a GPU.
 
+Per path also: the attention implementation the model ran with (the packed path may have moved it, e.g. to
+flex attention on CUDA) and the graphs torch.compile compiled in the timed and profiled steps (dynamo's count:
+each a stall inside a timed step, e.g. a recompile of flex attention for a new shape).
+
 Host reads: on CUDA every synchronising call torch reports
 under `torch.cuda.set_sync_debug_mode("warn")`; on the CPU every read of a tensor's value
 (`ludic_fast.engine.host_syncs`), with where it happens.
@@ -54,6 +58,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters as compile_counters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import trainer_e2e  # noqa: E402  (the path builders and model flags)
@@ -127,8 +132,9 @@ def profile_path(args: argparse.Namespace, path: str, deadline: float | None = N
     if path == "reference" or path.startswith("trl"):
         _label_body(model)
     warm = _timed(step, args.device, 1)[0]
-    left = (deadline - time.time()) if deadline else float("inf")
-    steps = max(1, min(args.steps, int((left / max(warm, 1e-6) - 2) / 2.5)))  # timed + profiled (+ overhead)
+    graphs = compile_counters["stats"]["unique_graphs"]
+    fit = args.steps if deadline is None else int(((deadline - time.time()) / max(warm, 1e-6) - 2) / 2.5)
+    steps = max(1, min(args.steps, fit))  # timed + profiled (+ overhead) steps by the deadline
     times = _timed(step, args.device, steps)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if args.device == "cuda":
@@ -136,12 +142,15 @@ def profile_path(args: argparse.Namespace, path: str, deadline: float | None = N
     _sync(args.device)
     with torch.profiler.profile(activities=activities) as prof:
         profiled = _timed(step, args.device, steps)
+    compiled = compile_counters["stats"]["unique_graphs"] - graphs  # in the timed and profiled steps
     reads = CudaSyncs() if args.device == "cuda" else HostReads()
     with reads:
         step()
     _sync(args.device)
     tokens = sum(len(it.input_ids) for it in trainer_e2e._items(args))
-    return {"path": path, "steps": steps, "step_s": statistics.median(times), "profiled_step_s":
+    return {"path": path, "attention": getattr(getattr(model, "config", None), "_attn_implementation", None),
+            "compiled_after_warmup": compiled,
+            "steps": steps, "step_s": statistics.median(times), "profiled_step_s":
             statistics.mean(profiled), "tokens": tokens, **_phases(prof, steps, args.device == "cuda"),
             "top": _top(prof, steps, args.device == "cuda"),
             "host_reads": {"kind": "cuda sync" if args.device == "cuda" else "host read (CPU)",
@@ -259,6 +268,10 @@ def markdown(args: argparse.Namespace, records: list[dict]) -> str:
                 _spread([r.get("device_events") for r in done[p]], "{:.0f}") for p in ran) + " |")
         lines.append("| host reads in the step | " + " | ".join(
             _spread([float(r["host_reads"]["count"]) for r in done[p]], "{:.0f}") for p in ran) + " |")
+        lines.append("| graphs compiled after the warm-up | " + " | ".join(
+            _spread([float(r.get("compiled_after_warmup", 0)) for r in done[p]], "{:.0f}") for p in ran) + " |")
+        lines.append("| attention implementation | " + " | ".join(
+            str(done[p][-1].get("attention")) for p in ran) + " |")
     for p in paths:
         if not done[p]:
             lines += ["", f"{p}: {next(r['skipped'] for r in records if r['path'] == p)}"]

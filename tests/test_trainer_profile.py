@@ -51,9 +51,27 @@ def test_tiny_cpu_profile(tmp_path):
     assert sum(records[0]["top_level_ops"].values()) < records[0]["aten_ops"]  # nested ops are not counted
     engine_reads = [w for w in records[0]["host_reads"]["where"] if "ludic_fast/engine/" in w]
     assert engine_reads == [next(w for w in engine_reads if "read_step_values" in w)]
+    assert [r["attention"] for r in records] == ["ludic_sdpa_varlen", "sdpa"]  # packed moved the model (CPU)
+    assert [r["compiled_after_warmup"] for r in records] == [0, 0]
     table = (tmp_path / "profile.md").read_text()
     assert "| collation / host | " in table and "| aten ops per step" in table and " – |" in table and "## trl" in table
+    assert "| attention implementation | ludic_sdpa_varlen | sdpa |" in table
     assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.jsonl", "profile.md"]
+
+
+def test_graphs_compiled_after_the_warm_up_are_counted(monkeypatch):
+    """A step that compiles a graph for every new input shape (a stand-in for flex attention meeting a new
+    packed length): each timed and profiled step after the warm-up one is counted."""
+    import torch
+
+    bench = _bench()
+    sizes = iter(range(1, 100))
+    double = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    monkeypatch.setattr(bench.trainer_e2e, "build_step",
+                        lambda args, path: (lambda: double(torch.ones(next(sizes))), None, torch.nn.Linear(1, 1)))
+    args = bench.trainer_e2e.resolve(bench._parser().parse_args([*TINY, "--out", "unused"]))
+    record = bench.profile_path(args, "ours-padded")
+    assert record["steps"] == 1 and record["compiled_after_warmup"] == 2 and record["attention"] is None
 
 
 def test_phase_rows_by_hand():
