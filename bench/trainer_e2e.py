@@ -308,7 +308,7 @@ def run_path(args: argparse.Namespace, path: str) -> dict:
     """Build, warm up and time one path in this process; peak memory over the warm-up and timed steps."""
     torch.set_num_threads(args.threads)
     memory = PeakMemory(args.device)
-    step, estimate, _ = build_step(args, path)
+    step, estimate, model = build_step(args, path)
     memory.reset()
     step()  # warm-up (AdamW allocates its states here)
     times = []
@@ -321,8 +321,10 @@ def run_path(args: argparse.Namespace, path: str) -> dict:
     tokens = sum(len(it.input_ids) for it in _items(args))
     median = statistics.median(times)
     capacity = torch.cuda.get_device_properties(0).total_memory if args.device == "cuda" else None
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)  # as run (packing may move it)
     return {"path": path, "median_s": median, "min_s": min(times), "tokens": tokens, "tokens_per_s": tokens / median,
-            "peak_bytes": memory.peak(), "estimate_bytes": estimate, "capacity_bytes": capacity}
+            "peak_bytes": memory.peak(), "estimate_bytes": estimate, "capacity_bytes": capacity,
+            "attention": attention}
 
 
 def _child(args: argparse.Namespace, path: str, seqs: int | None = None) -> dict:
@@ -405,7 +407,8 @@ def table(args: argparse.Namespace, rows: list[dict]) -> str:
         extra = f" {r.get('max_seqs') or '-'} |" if fit else ""
         lines.append(f"| {r['path']} | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['tokens_per_s']:.0f} | "
                      f"{r['peak_bytes'] / 2**30:.2f} | {estimate} | {ratio} |{extra}")
-    return head + "\n".join(lines)
+    ran = [f"{r['path']} {r['attention']}" for r in rows if r.get("attention")]
+    return head + "\n".join(lines) + (f"\n\nAttention as run: {', '.join(ran)}." if ran else "")
 
 
 def main(argv: list[str] | None = None) -> int:

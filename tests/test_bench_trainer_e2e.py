@@ -78,6 +78,9 @@ def test_tiny_cpu_run_has_a_row_per_path(capsys, tmp_path, monkeypatch):
     assert float(rows["ours-packed"].split("|")[6]) >= 0 and rows["trl"].split("|")[6].strip() == "-"
     saved = {r["path"]: r for r in json.loads((tmp_path / "rows.json").read_text())["rows"]}
     assert saved["ours-packed"]["estimate_bytes"] > 0 and saved["trl"]["estimate_bytes"] is None
+    assert [saved[p]["attention"] for p in ("ours-padded", "ours-packed", "trl")] == ["sdpa", "ludic_sdpa_varlen",
+                                                                                       "sdpa"]
+    assert "Attention as run: ours-padded sdpa, ours-packed ludic_sdpa_varlen, reference sdpa, trl sdpa." in out
     progress = [line for line in err.splitlines() if line.startswith("[e2e] ")]
     assert len(progress) == 7 and progress[0].startswith("[e2e] ours-padded: median step ")
 
