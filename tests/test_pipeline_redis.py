@@ -105,7 +105,7 @@ def test_a_server_never_reached_fails_at_once():
         RedisWeightPublisher(url, retry_timeout_s=60).publish({"w": torch.zeros(2)}, version=0)
     with pytest.raises(RedisUnreachableError):
         RedisWeightSubscriber(url, lambda state, version: None, retry_timeout_s=60).poll()
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 30  # not the 60 s retry wait (with room for a loaded machine)
 
 
 @needs_server
@@ -127,8 +127,9 @@ def test_example_scripts_without_redis_exit_2_within_seconds(script):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, str(EXAMPLES / script), "--redis-url", url], capture_output=True,
-                          text=True, env=env, timeout=60)
-    assert proc.returncode == 2 and time.monotonic() - t0 < 10, proc.stderr
+                          text=True, env=env, timeout=110)
+    # not the 120 s retry wait; the bound leaves room for torch's import on a loaded machine
+    assert proc.returncode == 2 and time.monotonic() - t0 < 60, proc.stderr
     assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"examples/pipeline_rl/{script}: error: --redis-url: cannot reach Redis (")
     assert "start redis-server there or fix the URL" in proc.stderr and "secret" not in proc.stderr
