@@ -14,6 +14,9 @@ On a CPU run, reads of tensors built on the host (collation) are counted too: th
 whichever device its tensors sit on. Not counted: the optimizers' own reads of their step counters
 (`torch.optim`), host tensors on every device unless `capturable` or `fused`. On CUDA,
 `torch.cuda.set_sync_debug_mode("warn")` names the real synchronisations (`bench/trainer_profile.py` uses both).
+`HostReads` works through torch function and dispatch modes, under which torch.compile does not compile: a
+compiled function that meets a new input inside it runs eagerly there and (torch 2.13) compiles no new graph
+afterwards.
 """
 
 from __future__ import annotations
