@@ -7,7 +7,8 @@ the benchmark cases of each bench stage, and the budget table that sizes them.
     python bench/gpu_plan.py args decisive trl --tiny  # the same at the rehearsal's tiny shapes, on the CPU
     python bench/gpu_plan.py merge DIR               # DIR/<impl>/results.json -> DIR/results.json, .md
     python bench/gpu_plan.py seconds run1            # "stage seconds" lines of a call, for the script
-    python bench/gpu_plan.py value e2e-paths         # a setting the script reads (e2e-paths, suite-prior)
+    python bench/gpu_plan.py value e2e-paths         # a setting the script reads (e2e-paths, suite-prior,
+                                                     # find-max-reserve)
     python bench/gpu_plan.py suite-times JSONL       # a suite run's seconds per test file (to recalibrate)
 
 Each implementation of a bench stage runs in its own `ludic-fast bench` process (a hang, which ends that
@@ -57,12 +58,16 @@ BENCH_STAGES = {
 }
 #: call -> (its seconds, [(stage, seconds)] in the order run); each stage also stops when the call's time is up.
 #: run1 + run2 fit one GPU loan of 15 minutes with the machine's start (~160 s at 6e98f8f: 840 s held for
-#: 678 s of calls); run3 only when device time is left after them, else first in the next session
+#: 678 s of calls); run3 and run4 (the memory race: the largest batch each trainer fits) only when device time is
+#: left after them, else in a later session, once run1 and run2 have run
 CALLS = {
     "run1": (480, [("setup", 15), ("suite", 330), ("decisive", 135)]),
     "run2": (230, [("setup", 15), ("e2e", 95), ("profile", 120)]),
     "run3": (300, [("setup", 15), ("preference", 95), ("shapes", 120), ("experimental", 70)]),
+    "run4": (360, [("setup", 15), ("find-max", 345)]),
 }
+#: find-max: the race's first rows (E2E_PATHS x E2E_PATH_S) and a margin, kept from the stage's seconds before
+#: the search's (trainer_e2e --find-max-seconds); bench/gpu_session.sh reads it (`value find-max-reserve`)
 #: gpu/interpret-marked tests (pytest --collect-only): all, the experimental (TMA) ones among them, and the core
 #: ones the session leaves out as duplicates (gpu_suite.DUPLICATES); measured seconds a test on the H200
 SUITE_TESTS, SUITE_TMA_TESTS, SUITE_DUPLICATES, SUITE_TEST_S, SUITE_TEST_LIMIT_S = 514, 12, 50, 0.68, 60
@@ -71,11 +76,13 @@ SUITE_PRIOR = "bench/results/gpu-runs/2026-11-28-h200/run1/suite-core.jsonl"
 #: measured on the H200 (2026-11-27, 2026-11-28): a path's process start, model build, warm-up and 3 steps took
 #: 35-45 s; the race of the trainer issue: ours packed against stock TRL (the reference path was measured)
 E2E_PATHS, E2E_PATH_S = ("ours-packed", "trl"), 40.0
+FIND_MAX_RESERVE_S = int(len(E2E_PATHS) * E2E_PATH_S) + 25
 STAGE_START_S, IMPL_START_S, CASE_OVERHEAD_S, RUNS = 12.0, 18.0, 3.0, 2 + 5 + 1
 #: what each stage took in the 6e98f8f run (bench/results/gpu-runs/2026-11-28-h200/run*/session-run*.log)
 MEASURED = {"setup": "13 / 12", "suite": "260 (cut: 369 of 496 tests)", "decisive": "144 (the floor cut)",
             "e2e": "145 (cut: 3 paths, --find-max not reached)", "shapes": "104 (3 of 7 implementations)",
-            "experimental": "not run", "profile": "new", "preference": "new"}
+            "experimental": "not run", "profile": "new", "preference": "new",
+            "find-max": "not reached (e2e cut at 145 s)"}
 TRL_MS = {("anchor", "head"): 62.7, ("qwen0.5b", "head"): 35.3, ("llama8b", "head"): 218.7, ("N=64", "head"): 7.5,
           ("N=512", "head"): 8.1, ("N=2048", "head"): 18.3, ("anchor", "cispo"): 62.8, ("qwen0.5b", "cispo"): 34.1,
           ("llama8b", "cispo"): 207.8}
@@ -147,7 +154,14 @@ def stage_seconds(stage: str, given: int) -> str:
         return f"{len(E2E_PATHS) * E2E_PATH_S:.0f}"
     if stage == "profile":
         return f"≤ {given - 10} (its --seconds)"
+    if stage == "find-max":
+        return f"≤ {given} ({find_max_seconds(given)} of search)"
     return "13"
+
+
+def find_max_seconds(stage_seconds: int) -> int:
+    """--find-max-seconds of a find-max stage: what the race's first rows and the margin leave (at least 10)."""
+    return max(10, stage_seconds - FIND_MAX_RESERVE_S)
 
 
 def budget_table() -> str:
@@ -160,6 +174,7 @@ def budget_table() -> str:
         "experimental": f"the TMA variants: their {SUITE_TMA_TESTS} tests, then their bench cases at the anchor",
         "shapes": "head op + CISPO at Qwen2.5-0.5B's shape (D=896), each strategy forced beside the default and TRL",
         "preference": "DPO and distillation (JSD) at the anchor: ours fused, Liger's fused linear losses, the floor",
+        "find-max": f"the largest sequences per step each of {', '.join(E2E_PATHS)} fits (trainer_e2e --find-max)",
         "e2e": f"the trainer race (Qwen2.5-0.5B shape, 16 x 1024 tokens): {', '.join(E2E_PATHS)}",
         "profile": "bench/trainer_profile.py: where a training step's time goes, per path (its default paths)",
     }
@@ -225,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"suite-times needs a gpu_suite jsonl, got {a.name!r}")
         print(suite_times(Path(a.name)))
     elif a.what == "value":
-        values = {"e2e-paths": ",".join(E2E_PATHS), "suite-prior": SUITE_PRIOR}
+        values = {"e2e-paths": ",".join(E2E_PATHS), "suite-prior": SUITE_PRIOR,
+                  "find-max-reserve": str(FIND_MAX_RESERVE_S)}
         if a.name not in values:
             p.error(f"value needs one of {', '.join(values)}")
         print(values[a.name])

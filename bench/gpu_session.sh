@@ -6,7 +6,8 @@
 #   bash bench/gpu_session.sh run1       # THERE, call 1 (<= 480 s): the whole core suite's verdict, decisive numbers
 #   bash bench/gpu_session.sh run2       # THERE, call 2 (<= 230 s): the trainer race, then its profile
 #   bash bench/gpu_session.sh run3       # THERE, only with device time left: DPO / JSD vs Liger, D=896 strategies, TMA
-#   bash bench/gpu_session.sh rehearse   # HERE, on the CPU: run1, run2, run3 at tiny shapes (see below)
+#   bash bench/gpu_session.sh run4       # THERE, likewise: the memory race (the largest batch each trainer fits)
+#   bash bench/gpu_session.sh rehearse   # HERE, on the CPU: run1 to run4 at tiny shapes (see below)
 #   bash bench/gpu_session.sh rehearse run1   # ... one call only
 #   STAGES="decisive" bash bench/gpu_session.sh run1   # only these stages of the call (a rerun), still in order
 #
@@ -48,16 +49,16 @@ case $1 in
         exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
             --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
             --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" "${PEER_WHEELS[@]}" ;;
-    run1 | run2 | run3) CALLS=("$1") TINY=0 ;;
+    run1 | run2 | run3 | run4) CALLS=("$1") TINY=0 ;;
     rehearse)
         CALLS=("${2:-run1}") TINY=1
-        [[ $# -eq 1 ]] && CALLS=(run1 run2 run3)
-        if [[ ! ${CALLS[0]} =~ ^run[123]$ ]]; then
-            echo "unknown call '${CALLS[0]}' (run1 | run2 | run3)" >&2
+        [[ $# -eq 1 ]] && CALLS=(run1 run2 run3 run4)
+        if [[ ! ${CALLS[0]} =~ ^run[1234]$ ]]; then
+            echo "unknown call '${CALLS[0]}' (run1 | run2 | run3 | run4)" >&2
             exit 2
         fi ;;
     *)
-        echo "unknown command '$1' (wheels | run1 | run2 | run3 | rehearse)" >&2
+        echo "unknown command '$1' (wheels | run1 | run2 | run3 | run4 | rehearse)" >&2
         exit 2 ;;
 esac
 if ((TINY)); then
@@ -158,6 +159,17 @@ stage_e2e() {
     return "$rc"
 }
 
+stage_find_max() {  # the race's first rows, then the search for --find-max-seconds (gpu_plan: what they leave)
+    local args=(--device cuda) search=$(($1 - $("$PY" bench/gpu_plan.py value find-max-reserve)))
+    ((TINY)) && args=("${tiny_trainer[@]}")
+    ((search < 10)) && search=10
+    logged find-max "$1" "$PY" bench/trainer_e2e.py "${args[@]}" --paths "$("$PY" bench/gpu_plan.py value e2e-paths)" \
+        --find-max --find-max-seconds "$search" --json "$RESULTS/find_max.json" --markdown "$RESULTS/find_max.md"
+    local rc=$?
+    [[ -f $RESULTS/find_max.md ]] && cp "$RESULTS/find_max.md" "$OUT/find_max.md"
+    return "$rc"
+}
+
 stage_profile() {  # the script bounds itself by --seconds; the stage's timeout is the backstop
     if [[ ! -f bench/trainer_profile.py ]]; then
         say "profile: skipped, bench/trainer_profile.py is not in this tree"
@@ -182,6 +194,7 @@ run_stage() {  # run_stage NAME SECONDS
             bench_stage experimental "$(($2 - (SECONDS - start)))" || rc=1
             return "$rc" ;;
         e2e) stage_e2e "$2" ;;
+        find-max) stage_find_max "$2" ;;
         profile) stage_profile "$2" ;;
         *) bench_stage "$1" "$2" ;;
     esac

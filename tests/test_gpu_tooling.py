@@ -33,7 +33,7 @@ def _bash(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_session_script_checks_its_arguments_before_any_work(tmp_path):
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
-    for args in (("run4",), ("rehearse", "run9"), ("run1", "run2"), ()):
+    for args in (("run5",), ("rehearse", "run9"), ("run1", "run2"), ()):
         out = _bash(*args, RESULTS=str(tmp_path / "r"))
         assert out.returncode == 2 and not (tmp_path / "r").exists(), (args, out.stderr)
     assert "rehearse" in _bash().stdout
@@ -43,16 +43,18 @@ def test_session_plan_fits_the_calls_and_orders_the_stages():
     """Each call's stages fit its seconds; run1 + run2 fit one 15-minute GPU loan with the machine's start
     (~160 s); in priority order: the whole core suite's verdict and the decisive numbers in the first call,
     the trainer race and profile in the second, the rest (DPO and distillation against Liger, the forced
-    strategies at D=896, TMA) in a third; the goals' implementations first in their bench stages; each stage's
-    estimate within its seconds (the suite's within its own --seconds, the stage's less 10)."""
+    strategies at D=896, TMA) in a third, the memory race in a fourth; the goals' implementations first in their
+    bench stages; each stage's estimate within its seconds (the suite's within its own --seconds, the stage's
+    less 10; find-max's first rows and margin within the stage, leaving its search most of it)."""
     plan = _plan()
-    for call, limit in (("run1", 480), ("run2", 230), ("run3", 300)):
+    for call, limit in (("run1", 480), ("run2", 230), ("run3", 300), ("run4", 360)):
         seconds, stages = plan.CALLS[call]
         assert seconds == limit and sum(s for _, s in stages) <= limit
     assert plan.CALLS["run1"][0] + plan.CALLS["run2"][0] + 160 <= 900
     assert [s for s, _ in plan.CALLS["run1"][1]] == ["setup", "suite", "decisive"]
     assert [s for s, _ in plan.CALLS["run2"][1]] == ["setup", "e2e", "profile"]
     assert [s for s, _ in plan.CALLS["run3"][1]] == ["setup", "preference", "shapes", "experimental"]
+    assert [s for s, _ in plan.CALLS["run4"][1]] == ["setup", "find-max"]
     given = {s: g for _, stages in plan.CALLS.values() for s, g in stages}
     for stage in plan.BENCH_STAGES:
         assert plan.stage_estimate(stage)[0] <= given[stage]
@@ -61,6 +63,7 @@ def test_session_plan_fits_the_calls_and_orders_the_stages():
     assert plan.BENCH_STAGES["shapes"][2][:2] == ("ours-fused", "trl")
     assert plan.suite_tests() * plan.SUITE_TEST_S <= given["suite"] - 10
     assert len(plan.E2E_PATHS) * plan.E2E_PATH_S <= given["e2e"] - 10
+    assert plan.find_max_seconds(given["find-max"]) >= 2 * len(plan.E2E_PATHS) * plan.E2E_PATH_S  # 2 tries a path
     assert set(plan.BENCH_STAGES["decisive"][0]) == {"anchor", "qwen0.5b"}  # the goals' two shapes
     assert all("tma" in impl for impl in plan.BENCH_STAGES["experimental"][2])
     args = plan.bench_args("decisive", "trl", tiny=False)
