@@ -306,6 +306,8 @@ def skip_reason(args: argparse.Namespace, path: str) -> str | None:
 
 def run_path(args: argparse.Namespace, path: str) -> dict:
     """Build, warm up and time one path in this process; peak memory over the warm-up and timed steps."""
+    from ludic_fast.integrations.packing import attention_implementation
+
     torch.set_num_threads(args.threads)
     memory = PeakMemory(args.device)
     step, estimate, model = build_step(args, path)
@@ -321,10 +323,9 @@ def run_path(args: argparse.Namespace, path: str) -> dict:
     tokens = sum(len(it.input_ids) for it in _items(args))
     median = statistics.median(times)
     capacity = torch.cuda.get_device_properties(0).total_memory if args.device == "cuda" else None
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)  # as run (packing may move it)
     return {"path": path, "median_s": median, "min_s": min(times), "tokens": tokens, "tokens_per_s": tokens / median,
             "peak_bytes": memory.peak(), "estimate_bytes": estimate, "capacity_bytes": capacity,
-            "attention": attention}
+            "attention": attention_implementation(model)}  # as run: the packed path may have moved it
 
 
 def _child(args: argparse.Namespace, path: str, seqs: int | None = None) -> dict:

@@ -65,6 +65,7 @@ import trainer_e2e  # noqa: E402  (the path builders and model flags)
 
 from ludic_fast.benchmark.worker import RESULT_PREFIX  # noqa: E402
 from ludic_fast.engine.host_syncs import CudaSyncs, HostReads  # noqa: E402
+from ludic_fast.integrations.packing import attention_implementation  # noqa: E402
 from ludic_fast.run.atomic_io import atomic_write_text  # noqa: E402
 
 #: the two the race is about first, then ours-padded (the same layout as TRL: packing's share of the gap);
@@ -148,7 +149,7 @@ def profile_path(args: argparse.Namespace, path: str, deadline: float | None = N
         step()
     _sync(args.device)
     tokens = sum(len(it.input_ids) for it in trainer_e2e._items(args))
-    return {"path": path, "attention": getattr(getattr(model, "config", None), "_attn_implementation", None),
+    return {"path": path, "attention": attention_implementation(model),
             "compiled_after_warmup": compiled,
             "steps": steps, "step_s": statistics.median(times), "profiled_step_s":
             statistics.mean(profiled), "tokens": tokens, **_phases(prof, steps, args.device == "cuda"),
