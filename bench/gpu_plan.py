@@ -7,8 +7,8 @@ the benchmark cases of each bench stage, and the budget table that sizes them.
     python bench/gpu_plan.py args decisive trl --tiny  # the same at the rehearsal's tiny shapes, on the CPU
     python bench/gpu_plan.py merge DIR               # DIR/<impl>/results.json -> DIR/results.json, .md
     python bench/gpu_plan.py seconds run1            # "stage seconds" lines of a call, for the script
-    python bench/gpu_plan.py value e2e-paths         # a setting the script reads (e2e-paths, suite-prior,
-                                                     # find-max-reserve)
+    python bench/gpu_plan.py value e2e-paths         # a setting the script reads (e2e-paths, suite-prior)
+    python bench/gpu_plan.py find-max-seconds 345    # a find-max stage's --find-max-seconds for its seconds
     python bench/gpu_plan.py suite-times JSONL       # a suite run's seconds per test file (to recalibrate)
 
 Each implementation of a bench stage runs in its own `ludic-fast bench` process (a hang, which ends that
@@ -66,8 +66,6 @@ CALLS = {
     "run3": (300, [("setup", 15), ("preference", 95), ("shapes", 120), ("experimental", 70)]),
     "run4": (360, [("setup", 15), ("find-max", 345)]),
 }
-#: find-max: the race's first rows (E2E_PATHS x E2E_PATH_S) and a margin, kept from the stage's seconds before
-#: the search's (trainer_e2e --find-max-seconds); bench/gpu_session.sh reads it (`value find-max-reserve`)
 #: gpu/interpret-marked tests (pytest --collect-only): all, the experimental (TMA) ones among them, and the core
 #: ones the session leaves out as duplicates (gpu_suite.DUPLICATES); measured seconds a test on the H200
 SUITE_TESTS, SUITE_TMA_TESTS, SUITE_DUPLICATES, SUITE_TEST_S, SUITE_TEST_LIMIT_S = 514, 12, 50, 0.68, 60
@@ -76,6 +74,8 @@ SUITE_PRIOR = "bench/results/gpu-runs/2026-11-28-h200/run1/suite-core.jsonl"
 #: measured on the H200 (2026-11-27, 2026-11-28): a path's process start, model build, warm-up and 3 steps took
 #: 35-45 s; the race of the trainer issue: ours packed against stock TRL (the reference path was measured)
 E2E_PATHS, E2E_PATH_S = ("ours-packed", "trl"), 40.0
+#: find-max: the race's first rows (E2E_PATHS x E2E_PATH_S) and a margin, kept from the stage's seconds before
+#: the search's (trainer_e2e --find-max-seconds, `find_max_seconds`)
 FIND_MAX_RESERVE_S = int(len(E2E_PATHS) * E2E_PATH_S) + 25
 STAGE_START_S, IMPL_START_S, CASE_OVERHEAD_S, RUNS = 12.0, 18.0, 3.0, 2 + 5 + 1
 #: what each stage took in the 6e98f8f run (bench/results/gpu-runs/2026-11-28-h200/run*/session-run*.log)
@@ -227,9 +227,11 @@ def merge(folder: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("budget", "impls", "args", "merge", "seconds", "value", "suite-times"))
+    p.add_argument("what", choices=("budget", "impls", "args", "merge", "seconds", "value", "suite-times",
+                                    "find-max-seconds"))
     p.add_argument("name", nargs="?",
-                   help="the stage (impls, args), its folder (merge), the call (seconds) or the setting (value)")
+                   help="the stage (impls, args), its folder (merge), the call (seconds), the setting (value) or "
+                        "the stage's seconds (find-max-seconds)")
     p.add_argument("impl", nargs="?", help="args: the implementation")
     p.add_argument("--tiny", action="store_true", help="args: the rehearsal's shapes, on the CPU")
     a = p.parse_args(argv)
@@ -239,9 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         if a.name is None or not Path(a.name).is_file():
             p.error(f"suite-times needs a gpu_suite jsonl, got {a.name!r}")
         print(suite_times(Path(a.name)))
+    elif a.what == "find-max-seconds":
+        if a.name is None or not a.name.isdigit():
+            p.error(f"find-max-seconds needs the stage's seconds, got {a.name!r}")
+        print(find_max_seconds(int(a.name)))
     elif a.what == "value":
-        values = {"e2e-paths": ",".join(E2E_PATHS), "suite-prior": SUITE_PRIOR,
-                  "find-max-reserve": str(FIND_MAX_RESERVE_S)}
+        values = {"e2e-paths": ",".join(E2E_PATHS), "suite-prior": SUITE_PRIOR}
         if a.name not in values:
             p.error(f"value needs one of {', '.join(values)}")
         print(values[a.name])

@@ -149,25 +149,22 @@ bench_stage() {  # bench_stage STAGE SECONDS: each implementation in its own pro
 
 tiny_trainer=(--device cpu --vocab 4099 --hidden 32 --layers 1 --seqs 2 --seq-len 24 --steps 1 --threads 1)
 
-stage_e2e() {
-    local args=(--device cuda)
+race() {  # race NAME SECONDS FILE ARGS...: bench/trainer_e2e.py on the plan's paths, FILE.json / .md (.md in $OUT)
+    local name=$1 secs=$2 file=$3 args=(--device cuda)
+    shift 3
     ((TINY)) && args=("${tiny_trainer[@]}")
-    logged e2e "$1" "$PY" bench/trainer_e2e.py "${args[@]}" --paths "$("$PY" bench/gpu_plan.py value e2e-paths)" \
-        --json "$RESULTS/trainer_e2e.json" --markdown "$RESULTS/trainer_e2e.md"
+    logged "$name" "$secs" "$PY" bench/trainer_e2e.py "${args[@]}" \
+        --paths "$("$PY" bench/gpu_plan.py value e2e-paths)" "$@" \
+        --json "$RESULTS/$file.json" --markdown "$RESULTS/$file.md"
     local rc=$?
-    [[ -f $RESULTS/trainer_e2e.md ]] && cp "$RESULTS/trainer_e2e.md" "$OUT/trainer_e2e.md"
+    [[ -f $RESULTS/$file.md ]] && cp "$RESULTS/$file.md" "$OUT/$file.md"
     return "$rc"
 }
 
-stage_find_max() {  # the race's first rows, then the search for --find-max-seconds (gpu_plan: what they leave)
-    local args=(--device cuda) search=$(($1 - $("$PY" bench/gpu_plan.py value find-max-reserve)))
-    ((TINY)) && args=("${tiny_trainer[@]}")
-    ((search < 10)) && search=10
-    logged find-max "$1" "$PY" bench/trainer_e2e.py "${args[@]}" --paths "$("$PY" bench/gpu_plan.py value e2e-paths)" \
-        --find-max --find-max-seconds "$search" --json "$RESULTS/find_max.json" --markdown "$RESULTS/find_max.md"
-    local rc=$?
-    [[ -f $RESULTS/find_max.md ]] && cp "$RESULTS/find_max.md" "$OUT/find_max.md"
-    return "$rc"
+stage_e2e() { race e2e "$1" trainer_e2e; }
+
+stage_find_max() {  # the race's first rows, then the search for what they leave (gpu_plan find-max-seconds)
+    race find-max "$1" find_max --find-max --find-max-seconds "$("$PY" bench/gpu_plan.py find-max-seconds "$1")"
 }
 
 stage_profile() {  # the script bounds itself by --seconds; the stage's timeout is the backstop
