@@ -15,6 +15,10 @@ grad clipping, AdamW — on a Llama-architecture model built from a config (rand
 - `trl+liger`: the same with `GRPOConfig(use_liger_kernel=True)`, which in TRL 1.16 patches Liger-Kernel's
   body kernels (RMSNorm, SwiGLU, RoPE) into the model — the like of `ours-*+kernels` (CUDA only).
 
+A packed path may name its attention after a colon, `ours-packed:sdpa_varlen`, `ours-packed:flex`: the
+Trainer's `packed_attention` forced to it (`ludic_fast.integrations.packing`), to race the packed paths a rule
+chooses between (on CUDA without flash-attn, "auto" takes flex attention); without one it takes "auto".
+
 TRL's settings take effect as in `GRPOTrainer.train()`: transformers' `Trainer.train()` (5.17 to 5.24), not
 the trainer's constructor, patches Liger's kernels in and turns activation checkpointing on, and a step timed
 without `train()` would silently run without them; the bench does both as `train()` does before its first step.
@@ -68,6 +72,27 @@ SHAPES = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "mixed-bf16": torch.float32}
 
 
+def split_path(path: str) -> tuple[str, str]:
+    """(the path of PATHS, its packed attention): "ours-packed:flex" -> ("ours-packed", "flex"); "auto" where
+    the path names none."""
+    base, _, attention = path.partition(":")
+    return base, attention or "auto"
+
+
+def check_path(path: str) -> None:
+    """SystemExit naming what is wrong with a path of --paths / --run."""
+    from ludic_fast.integrations.packing import PACKED_ATTENTION_PATHS
+
+    base, attention = split_path(path)
+    if base not in PATHS:
+        raise SystemExit(f"--paths: unknown path {base!r}; choose from {PATHS}")
+    if ":" in path and "packed" not in base:
+        raise SystemExit(f"--paths: {path!r}: only a packed path takes an attention after ':'")
+    if attention not in PACKED_ATTENTION_PATHS:
+        raise SystemExit(f"--paths: {path!r}: unknown packed attention {attention!r}; choose from "
+                         f"{PACKED_ATTENTION_PATHS}")
+
+
 def run_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The arguments that choose the model, the batch and the paths (shared with bench/trainer_profile.py)."""
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -85,7 +110,8 @@ def run_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--length-spread", type=float, default=0.5, help="lengths uniform in [(1 - spread) L, L]")
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {', '.join(PATHS)}")
+    p.add_argument("--paths", default=",".join(PATHS),
+                   help=f"comma-separated subset of {', '.join(PATHS)}; a packed one may add ':ATTENTION'")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="every path recomputes each layer's activations in the backward (default: off for all)")
     return p
@@ -102,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
                    "paths (default 240)")
     p.add_argument("--json", help="write the rows to this JSON file too (after every child)")
     p.add_argument("--markdown", help="write the table to this file too (after every child)")
-    p.add_argument("--run", choices=PATHS, help=argparse.SUPPRESS)  # one path in this process (internal)
+    p.add_argument("--run", help=argparse.SUPPRESS)  # one path in this process (internal)
     return p
 
 
@@ -120,9 +146,8 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         args.attn = "flash_attention_2" if flash else "sdpa"
     if not 0.0 <= args.length_spread < 1.0:
         raise SystemExit(f"--length-spread must lie in [0, 1), got {args.length_spread}")
-    unknown = set(args.paths.split(",")) - set(PATHS)
-    if unknown:
-        raise SystemExit(f"--paths: unknown {sorted(unknown)}; choose from {PATHS}")
+    for path in [*args.paths.split(","), *([args.run] if getattr(args, "run", None) else [])]:
+        check_path(path)
     return args
 
 
@@ -184,12 +209,14 @@ def _ours_step(args: argparse.Namespace, path: str):
                 logits = self.model(**self._model_inputs(batch)).logits
             return reference.CISPOLoss()(batch, logits=logits)
 
+    base, attention = split_path(path)
     tokens = args.seqs * args.seq_len
     cfg = TrainerConfig(model_device=args.device, pad_token_id=0, sync_every_steps=0, max_seq_len=args.seq_len,
-                        micro_token_budget=tokens, layout="packed" if "packed" in path else "padded",
-                        body_kernels=path.endswith("+kernels"), gradient_checkpointing=args.gradient_checkpointing,
+                        micro_token_budget=tokens, layout="packed" if "packed" in base else "padded",
+                        packed_attention=attention, body_kernels=base.endswith("+kernels"),
+                        gradient_checkpointing=args.gradient_checkpointing,
                         mixed_precision_dtype="bf16" if args.dtype == "mixed-bf16" else None)
-    cls = ReferencePathTrainer if path == "reference" else Trainer
+    cls = ReferencePathTrainer if base == "reference" else Trainer
     trainer = cls(model=_build_model(args), algo=make_cispo(group_size=2), batch_source=_FixedSource(_items(args)),
                   cfg=cfg)
     return trainer.train_step_sync, trainer.memory_estimate.total, trainer.model
@@ -295,11 +322,12 @@ def skip_reason(args: argparse.Namespace, path: str) -> str | None:
     """Why `path` cannot run here (None: it can)."""
     import importlib.util
 
-    if path.endswith(("+kernels", "+liger")) and args.device != "cuda":
+    base, _ = split_path(path)
+    if base.endswith(("+kernels", "+liger")) and args.device != "cuda":
         return "CUDA only (Liger-Kernel's kernels)"
-    if path.startswith("trl") and importlib.util.find_spec("trl") is None:
+    if base.startswith("trl") and importlib.util.find_spec("trl") is None:
         return "trl is not installed"
-    if path.endswith(("+kernels", "+liger")) and importlib.util.find_spec("liger_kernel") is None:
+    if base.endswith(("+kernels", "+liger")) and importlib.util.find_spec("liger_kernel") is None:
         return "liger-kernel is not installed"
     return None
 

@@ -250,3 +250,28 @@ def test_find_max_jumps_to_the_memory_extrapolation_on_a_device(tmp_path, monkey
     assert bench.main(argv) == 0
     assert tried == [4, 8, 87, 97]
     assert json.loads((tmp_path / "rows.json").read_text())["rows"][0]["max_seqs"] == "87"
+
+
+def test_a_packed_path_takes_the_attention_it_names():
+    """`ours-packed:ATTENTION` forces the Trainer's packed attention: on the CPU "auto" moves the model to per-
+    sequence SDPA, ':mask' keeps its sdpa (a block-diagonal mask)."""
+    bench = _bench()
+    argv = ["--vocab", "256", "--hidden", "32", "--layers", "1", "--seqs", "2", "--seq-len", "24"]
+    args = bench.resolve(bench._parser().parse_args([*argv, "--paths", "ours-packed,ours-packed:mask"]))
+    ran = {}
+    for path in ("ours-packed", "ours-packed:mask"):
+        step, _, model = bench.build_step(args, path)
+        ran[path] = model.config._attn_implementation
+    assert ran == {"ours-packed": "ludic_sdpa_varlen", "ours-packed:mask": "sdpa"}
+
+
+@pytest.mark.parametrize("paths, message", [
+    ("ours-packed:nope", "unknown packed attention 'nope'"),
+    ("ours-padded:flex", "only a packed path takes an attention"),
+    ("trl:sdpa_varlen", "only a packed path takes an attention"),
+    ("ours-unpacked", "unknown path 'ours-unpacked'"),
+])
+def test_a_bad_path_is_refused_naming_it(paths, message):
+    bench = _bench()
+    with pytest.raises(SystemExit, match=message):
+        bench.resolve(bench._parser().parse_args(["--paths", paths]))
