@@ -322,9 +322,11 @@ def skip_reason(args: argparse.Namespace, path: str) -> str | None:
     """Why `path` cannot run here (None: it can)."""
     import importlib.util
 
-    base, _ = split_path(path)
+    base, attention = split_path(path)
     if base.endswith(("+kernels", "+liger")) and args.device != "cuda":
         return "CUDA only (Liger-Kernel's kernels)"
+    if attention == "flex" and args.device != "cuda":
+        return "CUDA only (flex attention has no backward on CPU)"
     if base.startswith("trl") and importlib.util.find_spec("trl") is None:
         return "trl is not installed"
     if base.endswith(("+kernels", "+liger")) and importlib.util.find_spec("liger_kernel") is None:

@@ -179,6 +179,7 @@ def test_trl_liger_and_kernel_paths_need_cuda():
     assert bench.skip_reason(args, "trl+liger") == "CUDA only (Liger-Kernel's kernels)"
     assert bench.skip_reason(args, "ours-packed+kernels") == "CUDA only (Liger-Kernel's kernels)"
     assert bench.skip_reason(args, "ours-packed") is None
+    assert bench.skip_reason(args, "ours-packed:flex") == "CUDA only (flex attention has no backward on CPU)"
 
 
 def _mlp_runs_per_step(bench, args, path: str) -> tuple[bool, int]:
