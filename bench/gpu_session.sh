@@ -20,7 +20,8 @@
 # traceback; a hanging test or bench case costs its own limit (TEST_SECONDS, CASE_SECONDS) and the stage goes on.
 # Everything lands in $RESULTS (default bench/results/gpu; the rehearsal: bench/results/gpu-rehearsal) and, at
 # most 8 files per call, flat in $OUT (default $RESULTS/out-CALL): session-CALL.log, results-CALL.tar.gz (the
-# whole folder so far, after every stage), the suite verdicts and the main tables.
+# whole folder so far, after every stage), the suite verdicts and the main tables (the trainer race's and the
+# profile's written there as they grow, so that a call the machine cuts still brings back what they measured).
 # Rehearsal: the same stages, orderings and time limits on the CPU at tiny shapes; stubbed, and said so in the
 # logs: no wheels or installs (the project is used in place), no nvidia-smi; the gpu-marked tests skip (needs
 # CUDA), the CUDA-only implementations are reported as skipped, the trainer runs a 1-layer model.
@@ -149,15 +150,16 @@ bench_stage() {  # bench_stage STAGE SECONDS: each implementation in its own pro
 
 tiny_trainer=(--device cpu --vocab 4099 --hidden 32 --layers 1 --seqs 2 --seq-len 24 --steps 1 --threads 1)
 
-race() {  # race NAME SECONDS FILE ARGS...: bench/trainer_e2e.py on the plan's paths, FILE.json / .md (.md in $OUT)
+race() {  # race NAME SECONDS FILE ARGS...: bench/trainer_e2e.py on the plan's paths, FILE.json / .md
+    # the table is rewritten in $OUT after every path, so that a call cut by the machine still brings it back
     local name=$1 secs=$2 file=$3 args=(--device cuda)
     shift 3
     ((TINY)) && args=("${tiny_trainer[@]}")
     logged "$name" "$secs" "$PY" bench/trainer_e2e.py "${args[@]}" \
         --paths "$("$PY" bench/gpu_plan.py value e2e-paths)" "$@" \
-        --json "$RESULTS/$file.json" --markdown "$RESULTS/$file.md"
+        --json "$RESULTS/$file.json" --markdown "$OUT/$file.md"
     local rc=$?
-    [[ -f $RESULTS/$file.md ]] && cp "$RESULTS/$file.md" "$OUT/$file.md"
+    [[ -f $OUT/$file.md ]] && cp "$OUT/$file.md" "$RESULTS/$file.md"
     return "$rc"
 }
 
@@ -174,10 +176,12 @@ stage_profile() {  # the script bounds itself by --seconds; the stage's timeout 
     fi
     local args=(--device cuda)
     ((TINY)) && args=("${tiny_trainer[@]}")
-    rm -rf "${RESULTS:?}/profile"
-    logged profile "$1" "$PY" bench/trainer_profile.py "${args[@]}" --seconds "$(($1 - 10))" --out "$RESULTS/profile"
+    # written in $OUT (profile.md, profile.jsonl) after every run: a call cut by the machine still brings it back
+    rm -rf "${RESULTS:?}/profile" "$OUT/profile.md" "$OUT/profile.jsonl"
+    logged profile "$1" "$PY" bench/trainer_profile.py "${args[@]}" --seconds "$(($1 - 10))" --out "$OUT"
     local rc=$?
-    [[ -f $RESULTS/profile/profile.md ]] && cp "$RESULTS/profile/profile.md" "$OUT/profile.md"
+    mkdir -p "$RESULTS/profile"
+    cp "$OUT"/profile.* "$RESULTS/profile/" 2>/dev/null || true
     return "$rc"
 }
 
