@@ -431,3 +431,29 @@ def test_suite_times_per_file(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     lines = _plan().suite_times(path).splitlines()
     assert lines[2:] == ["| tests/b.py | 1 | 4.0 | 4.00 |", "| tests/a.py | 2 | 2.0 | 1.00 |"]
+
+
+def test_a_call_killed_mid_profile_still_leaves_its_finished_runs_in_out(tmp_path):
+    """The device machine kills a call at its time limit (SIGKILL to the whole call, no trap runs): the
+    profile's runs that ended before are in the call's $OUT already (profile.md, profile.jsonl), as the race's
+    table is; before, the stage copied them there only at its end, so nothing came back."""
+    res, out = tmp_path / "results", tmp_path / "out"
+    proc = subprocess.Popen(["bash", str(SCRIPT), "rehearse", "run2"], cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PY": sys.executable, "RESULTS": str(res), "OUT": str(out),
+                                 "STAGES": "e2e profile", "OMP_NUM_THREADS": "1"})
+    jsonl = out / "profile.jsonl"
+    try:
+        deadline = time.monotonic() + 300
+        while not (jsonl.is_file() and jsonl.read_text().count("\n") >= 1) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no profile run ended in 300 s"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)  # as the machine ends a call: nothing after this runs
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    first = json.loads(jsonl.read_text().splitlines()[0])
+    assert first["path"] == "ours-packed"
+    assert "| phase | ours-packed |" in (out / "profile.md").read_text()
+    assert "| ours-packed |" in (out / "trainer_e2e.md").read_text()
