@@ -20,8 +20,9 @@
 # traceback; a hanging test or bench case costs its own limit (TEST_SECONDS, CASE_SECONDS) and the stage goes on.
 # Everything lands in $RESULTS (default bench/results/gpu; the rehearsal: bench/results/gpu-rehearsal) and, at
 # most 8 files per call, flat in $OUT (default $RESULTS/out-CALL): session-CALL.log, results-CALL.tar.gz (the
-# whole folder so far, after every stage), the suite verdicts and the main tables (the trainer race's and the
-# profile's written there as they grow, so that a call the machine cuts still brings back what they measured).
+# whole folder so far, after every stage and every bench implementation), the suite verdicts and the main
+# tables (the trainer race's and the profile's written there as they grow): a call the machine cuts still
+# brings back what it measured, but for the bench implementation or the trainer path it was in.
 # Rehearsal: the same stages, orderings and time limits on the CPU at tiny shapes; stubbed, and said so in the
 # logs: no wheels or installs (the project is used in place), no nvidia-smi; the gpu-marked tests skip (needs
 # CUDA), the CUDA-only implementations are reported as skipped, the trainer runs a 1-layer model.
@@ -133,6 +134,7 @@ bench_stage() {  # bench_stage STAGE SECONDS: each implementation in its own pro
         # shellcheck disable=SC2046  # the arguments are words
         logged "$stage-$impl" "$left" "$PY" -m ludic_fast.cli bench $("$PY" bench/gpu_plan.py args "$stage" "$impl" \
             "${tiny[@]}") --timeout "$CASE_SECONDS" --out "$RESULTS/$stage/$impl" || rc=1
+        snapshot  # each implementation's tables reach $OUT at once: a call cut by the machine keeps them
     done
     "$PY" bench/gpu_plan.py merge "$RESULTS/$stage" >>"$LOG" 2>&1 || rc=1
     if [[ -f $RESULTS/$stage/results.json ]]; then
@@ -185,6 +187,10 @@ stage_profile() {  # the script bounds itself by --seconds; the stage's timeout 
     return "$rc"
 }
 
+snapshot() {  # the results folder so far into $OUT (this call's tarball)
+    tar -czf "$OUT/results-$call.tar.gz" --exclude='./out*' -C "$RESULTS" . 2>/dev/null || true
+}
+
 run_stage() {  # run_stage NAME SECONDS
     case $1 in
         setup) stage_setup "$2" ;;
@@ -231,7 +237,7 @@ for call in "${CALLS[@]}"; do
         set -e
         say "stage $stage: ${secs}s given, $((SECONDS - t0))s taken, status $rc"
         ((rc == 0)) || call_status=1
-        tar -czf "$OUT/results-$call.tar.gz" --exclude='./out*' -C "$RESULTS" . 2>/dev/null || true
+        snapshot
     done
     say "$call done in $((SECONDS - start))s, status $call_status"
     ((call_status == 0)) || status=1
