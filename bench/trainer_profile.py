@@ -369,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             record = _child(args, argv, path, share) if args.isolate else _in_process(args, path, share)
         records.append(record)
-        atomic_write_text(str(out / "profile.jsonl"), "".join(json.dumps(r) + "\n" for r in records))
+        # the table first: a run in profile.jsonl is in profile.md too, whenever the process is killed
         atomic_write_text(str(out / "profile.md"), markdown(args, records))
+        atomic_write_text(str(out / "profile.jsonl"), "".join(json.dumps(r) + "\n" for r in records))
         done = record.get("skipped") or f"step {record['step_s']:.3f} s, {record['host_reads']['count']} host reads"
         print(f"[profile] {path}: {done}", file=sys.stderr, flush=True)
     print((out / "profile.md").read_text())

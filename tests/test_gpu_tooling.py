@@ -433,6 +433,17 @@ def test_suite_times_per_file(tmp_path):
     assert lines[2:] == ["| tests/b.py | 1 | 4.0 | 4.00 |", "| tests/a.py | 2 | 2.0 | 1.00 |"]
 
 
+def _kill_session(sid: int) -> None:
+    """SIGKILL to every process of session `sid` (`timeout` puts each stage in a process group of its own)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # state ppid pgrp session ...
+            if int(fields[3]) == sid:
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+
+
 def test_a_call_killed_mid_profile_still_leaves_its_finished_runs_in_out(tmp_path):
     """The device machine kills a call at its time limit (SIGKILL to the whole call, no trap runs): the
     profile's runs that ended before are in the call's $OUT already (profile.md, profile.jsonl), as the race's
@@ -448,10 +459,8 @@ def test_a_call_killed_mid_profile_still_leaves_its_finished_runs_in_out(tmp_pat
         while not (jsonl.is_file() and jsonl.read_text().count("\n") >= 1) and proc.poll() is None:
             assert time.monotonic() < deadline, "no profile run ended in 300 s"
             time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGKILL)  # as the machine ends a call: nothing after this runs
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    finally:  # as the machine ends a call: every process of it at once, nothing after this runs
+        _kill_session(proc.pid)
         proc.wait()
     first = json.loads(jsonl.read_text().splitlines()[0])
     assert first["path"] == "ours-packed"
