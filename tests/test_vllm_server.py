@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,9 +38,12 @@ def server(tmp_path_factory):
         starts = [pool.submit(start, name) for name in ("server", "second")]
     with contextlib.ExitStack() as stack:
         first, second = (stack.enter_context(f.result()) for f in starts)  # a start that failed raises here
+        for srv in (first, second):  # vLLM's IPC sockets in the server's own directory, not the temp dir
+            assert any(p.is_socket() for p in Path(srv.ipc_dir).iterdir()), srv.ipc_dir
         engine = VLLMServerEngine(first.url, eos_token_id=EOS, checkpoint=str(path),
                                   weights_dir=str(tmp_path_factory.mktemp("pushes")))
         yield engine, model, prompts, str(path), second.url
+    assert not any(Path(srv.ipc_dir).exists() for srv in (first, second))  # removed by close()
 
 
 def _max_diff(model, completions, temperature: float) -> float:

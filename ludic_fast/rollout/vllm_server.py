@@ -221,7 +221,10 @@ class VLLMServer:
     port), with processed logprobs, the model's generation-config defaults off, the development endpoints on,
     and on a CPU chunked prefill off (as VLLMSampler). `extra_args` are more `vllm serve` flags (`--dtype`,
     `--max-model-len`, ...); `env`: more environment variables (e.g. CUDA_VISIBLE_DEVICES). Use as a context
-    manager; `url` is its base URL; the log goes to `log_path`."""
+    manager; `url` is its base URL; the log goes to `log_path`. vLLM's processes talk over ZeroMQ IPC sockets
+    in `VLLM_RPC_BASE_PATH` (default: the temp dir), which a server stopped by a signal leaves behind (3 a start,
+    vLLM 0.32): unless `env` or the environment sets it, they go to `ipc_dir`, a directory of this server's own
+    that `close()` removes."""
 
     def __init__(
         self,
@@ -248,6 +251,9 @@ class VLLMServer:
         cmd += list(extra_args)
         self.log_path = Path(log_path or tempfile.mkstemp(prefix="ludic-fast-vllm-server-", suffix=".log")[1])
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
+        self.ipc_dir = None if "VLLM_RPC_BASE_PATH" in env else tempfile.mkdtemp(prefix="ludic-fast-vllm-ipc-")
+        if self.ipc_dir is not None:
+            env["VLLM_RPC_BASE_PATH"] = self.ipc_dir
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         atexit.register(self.close)  # never outlive the run
@@ -273,7 +279,7 @@ class VLLMServer:
         raise RuntimeError(f"vLLM server not ready after {timeout:.0f} s (log: {self.log_path})")
 
     def close(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after 30 s)."""
+        """Stop the server (SIGTERM, then SIGKILL after 30 s) and remove `ipc_dir`."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -281,6 +287,8 @@ class VLLMServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.ipc_dir is not None:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     def __enter__(self) -> VLLMServer:
         return self
