@@ -131,3 +131,22 @@ def test_nccl_address_is_refused_beside_reload(servers, checkpoint):
     """The NCCL rendezvous address means nothing to the reload path: refused there, not ignored."""
     with pytest.raises(ValueError, match="nccl_address is read only with weight_transfer='nccl' or 'auto'"):
         VLLMServerSampler(servers[0].url, eos_token_id=2, checkpoint=checkpoint, nccl_address="10.0.0.1")
+
+
+def test_the_default_weights_folder_goes_at_exit_and_a_given_one_stays(servers, checkpoint, tmp_path, monkeypatch):
+    """Each reload push leaves the last version's weights in weights_dir (a model's size): the temporary folder
+    the sampler makes itself is removed at exit; a folder the caller gave is theirs and stays."""
+    import shutil
+
+    from _at_exit import rmtree_at_exit
+
+    removals = rmtree_at_exit(monkeypatch)
+    urls = [s.url for s in servers]
+    own = VLLMServerSampler(urls, eos_token_id=1, checkpoint=checkpoint)
+    own.publish({"model.w": torch.ones(2)}, version=1)
+    given = VLLMServerSampler(urls, eos_token_id=1, checkpoint=checkpoint, weights_dir=str(tmp_path / "mine"))
+    given.publish({"model.w": torch.ones(2)}, version=1)
+    assert (own.weights_dir / "v1" / "model.safetensors").is_file() and len(removals) == 1
+    for a, k in removals:
+        shutil.rmtree(*a, **k)
+    assert not own.weights_dir.exists() and (tmp_path / "mine" / "v1" / "model.safetensors").is_file()

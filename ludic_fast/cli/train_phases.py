@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -52,10 +54,15 @@ VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 def vllm_model_dir(args: argparse.Namespace, tok: Any) -> str:
     """--model; for the embedded model, its architecture and tokenizer saved to <output-dir>/vllm_model (a
-    temporary folder without --output-dir): the trainer pushes its weights before the first RL batch."""
+    temporary folder without --output-dir, removed at exit): the trainer pushes its weights before the first RL
+    batch."""
     if args.model != "embedded":
         return args.model
-    path = Path(args.output_dir or tempfile.mkdtemp(prefix="ludic-fast-")) / "vllm_model"
+    root = args.output_dir
+    if root is None:
+        root = tempfile.mkdtemp(prefix="ludic-fast-")
+        atexit.register(shutil.rmtree, root, ignore_errors=True)  # after the server's close (registered later)
+    path = Path(root) / "vllm_model"
     fresh, _ = build_model_and_tokenizer(args, tok)
     fresh.save_pretrained(path)
     tok.save_pretrained(path)

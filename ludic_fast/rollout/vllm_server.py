@@ -71,8 +71,8 @@ class VLLMServerSampler:
     why) or "auto" ("nccl" where it can run, else "reload"; `self.weight_transfer` says which).
     nccl_address: this trainer's address as the servers reach it (NCCL rendezvous; default 127.0.0.1), read
     only by "nccl" and "auto" (refused beside "reload").
-    weights_dir: where reload pushes are written (default: a new temporary folder). max_concurrency: requests
-    in flight at once, over all servers.
+    weights_dir: where reload pushes are written (default: a new temporary folder, removed at exit).
+    max_concurrency: requests in flight at once, over all servers.
     """
 
     def __init__(
@@ -102,6 +102,8 @@ class VLLMServerSampler:
         self.model_name = names[self.url]
         self.checkpoint_names = checkpoint_tensor_names(checkpoint)
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="ludic-fast-vllm-weights-"))
+        if weights_dir is None:  # ours: the last push's copy of the weights goes when the process ends
+            atexit.register(shutil.rmtree, self.weights_dir, ignore_errors=True)
         self.eos_ids = {int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])}
         self.max_concurrency = max_concurrency
         self.server: VLLMServer | None = None  # the server this engine was started with, kept alive beside it
