@@ -146,7 +146,7 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         args.attn = "flash_attention_2" if flash else "sdpa"
     if not 0.0 <= args.length_spread < 1.0:
         raise SystemExit(f"--length-spread must lie in [0, 1), got {args.length_spread}")
-    for path in [*args.paths.split(","), *([args.run] if getattr(args, "run", None) else [])]:
+    for path in [*args.paths.split(","), *([args.run] if args.run else [])]:
         check_path(path)
     return args
 

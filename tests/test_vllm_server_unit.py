@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from _at_exit import rmtree_at_exit
 from safetensors.torch import save_file
 
 from ludic_fast.rollout.sampler import SamplingConfig
@@ -136,10 +138,6 @@ def test_nccl_address_is_refused_beside_reload(servers, checkpoint):
 def test_the_default_weights_folder_goes_at_exit_and_a_given_one_stays(servers, checkpoint, tmp_path, monkeypatch):
     """Each reload push leaves the last version's weights in weights_dir (a model's size): the temporary folder
     the sampler makes itself is removed at exit; a folder the caller gave is theirs and stays."""
-    import shutil
-
-    from _at_exit import rmtree_at_exit
-
     removals = rmtree_at_exit(monkeypatch)
     urls = [s.url for s in servers]
     own = VLLMServerSampler(urls, eos_token_id=1, checkpoint=checkpoint)

@@ -84,7 +84,7 @@ start_lane() {  # start_lane NAME: runs NAME_lane in the background, its lines p
     { status=0 failed=""; "$1_lane"; echo "$failed" > "build/lane-$1.failed"; } 2>&1 | sed -u "s/^/[$1] /" &
 }
 
-# a full disk fails builds and tests with errors far from the cause (a CI run failed so on a disk found 97 % full after it)
+# a full disk fails builds and tests with errors far from the cause (a CI run failed so, the disk 97 % full)
 free_gib=$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')
 echo "== make test: $free_gib GiB free here; a fresh clone's venvs and caches take about 13 GiB"
 [ "$free_gib" -ge 15 ] || echo "== make test: WARNING: under 15 GiB free: expect 'No space left on device' failures" >&2
