@@ -377,3 +377,13 @@ def test_collate_micro_batches_carries_the_totals_of_all_items():
         sizes = {"g0": 1 + 3, "g1": 2 + 4}
         lengths = mb.tensors["attention_mask"].sum(-1).tolist()
         assert mb.tensors["macro_prompt_tokens"].tolist() == [float(sizes[f"g{n % 2}"]) for n in lengths]
+
+
+@pytest.mark.parametrize("collate", [collate_packed, lambda items: collate_saw_items(items, pad_token_id=0)])
+def test_a_mask_changed_after_the_item_was_made_is_refused(collate):
+    """SAWItem checks its masks' lengths when made; collation reads the lists in one pass and refuses lists
+    whose lengths no longer add up, instead of cutting or shifting them silently."""
+    item = _item([1, 2, 3], [0, 1, 1])
+    item.action_mask.append(1)
+    with pytest.raises(ValueError, match="length differs from input_ids"):
+        collate([_item([4, 5], [0, 1]), item])

@@ -5,6 +5,7 @@ same sequences, by hand."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import io
 import json
@@ -276,3 +277,17 @@ def test_a_bad_path_is_refused_naming_it(paths, message):
     bench = _bench()
     with pytest.raises(SystemExit, match=message):
         bench.resolve(bench._parser().parse_args(["--paths", paths]))
+
+
+@pytest.mark.parametrize("path", ["ours-packed", "ours-padded", "reference"])
+def test_a_step_leaves_the_sources_items_as_they_were(path):
+    """The bench hands every step the same SAW items (no copy inside the timed step): a step must not change
+    them, else the next step would train on other data than the first."""
+    bench = _bench()
+    argv = ["--vocab", "256", "--hidden", "32", "--layers", "1", "--seqs", "3", "--seq-len", "24"]
+    step, _, _ = bench.build_step(bench.resolve(bench._parser().parse_args(argv)), path)
+    source = step.__self__.objective.batch_source
+    before = copy.deepcopy(source.items)
+    step()
+    step()
+    assert source.items == before

@@ -33,12 +33,15 @@ macro-batch totals `macro_tokens_per_seq`, `macro_prompts_per_seq` (0-d) and `ma
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 import random
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -57,6 +60,10 @@ Layout = Literal["padded", "packed"]
 _LAYOUTS = ("padded", "packed")
 #: the packed batch's key of its sequence offsets kept on the host (a CPU copy of cu_seqlens)
 CU_SEQLENS_HOST = "cu_seqlens_host"
+_INPUT_IDS = operator.attrgetter("input_ids")
+_ATTENTION_MASK = operator.attrgetter("attention_mask")
+_ACTION_MASK = operator.attrgetter("action_mask")
+_ACTOR_LOGPS = operator.attrgetter("actor_logps.token_logps")
 _TRACE_KEYS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 
 
@@ -297,26 +304,29 @@ def _sequence_tensors(
     return out
 
 
-def _host_action_rows(items: Sequence[SAWItem], stride: int | None) -> tuple[Tensor, tuple[int, int] | None]:
-    """The action rows of the collated items (`TokenBatch.from_batch`'s `nonzero(nxt > 0)`), from their lists:
-    row `start_b + j` for every j with M[j+1] > 0, where sequence b starts at `b * stride` (padded, stride T) or
-    right after the previous one (packed, stride None); and the (min, max) of their targets x[j+1] (None: no
-    action row)."""
-    rows: list[int] = []
-    low = high = None
-    start = 0
-    for b, item in enumerate(items):
-        if stride is not None:
-            start = b * stride
-        mask, ids = item.action_mask, item.input_ids
-        picked = [j for j in range(1, len(mask)) if mask[j] > 0]
-        if picked:
-            rows.extend(start + j - 1 for j in picked)
-            targets = [ids[j] for j in picked]
-            low = min(targets) if low is None else min(low, *targets)
-            high = max(targets) if high is None else max(high, *targets)
-        start += len(ids)
-    return torch.tensor(rows, dtype=torch.long), None if low is None else (low, high)
+def _flat(items: Sequence[SAWItem], lists: Callable[[SAWItem], Sequence[Any]], dtype: type, count: int
+          ) -> np.ndarray:
+    """The items' `lists` concatenated into one array, which must hold `count` elements (numpy reads a Python
+    list at C speed; `torch.tensor` of a list converts element by element, several times slower)."""
+    parts = list(map(lists, items))
+    if sum(map(len, parts)) != count:
+        raise ValueError(f"the items' lists hold {sum(map(len, parts))} elements where the batch has {count} "
+                         "positions for them (a mask whose length differs from input_ids?)")
+    return np.fromiter(itertools.chain.from_iterable(parts), dtype=dtype, count=count)
+
+
+def _host_action_rows(ids: np.ndarray, mask: np.ndarray, starts: np.ndarray
+                      ) -> tuple[Tensor, tuple[int, int] | None]:
+    """The action rows of a collated layout, from its flat host arrays: row p - 1 for every flat position p
+    with M[p] > 0 that is not a sequence's first token (`starts`: padded b T, packed the offsets), i.e.
+    `TokenBatch.from_batch`'s `nonzero(nxt > 0)`; and the (min, max) of their targets x[p] (None: no action
+    row)."""
+    action = mask > 0
+    action[starts] = False
+    picked = np.flatnonzero(action)
+    targets = ids[picked]
+    bounds = (int(targets.min()), int(targets.max())) if picked.size else None
+    return torch.from_numpy(picked - 1), bounds
 
 
 def _to_device(tensors: dict[str, Tensor], device: torch.device | str | None) -> dict[str, Tensor]:
@@ -341,23 +351,23 @@ def collate_saw_items(
     """Right-padded [B, T] tensors of a micro-batch (keys in the module docstring)."""
     if not items:
         raise ValueError("collate_saw_items needs at least one item")
-    B, T = len(items), max(len(i.input_ids) for i in items)
-    input_ids = torch.full((B, T), int(pad_token_id), dtype=torch.long)
-    attention_mask = torch.zeros((B, T), dtype=torch.long)
-    action_mask = torch.zeros((B, T), dtype=torch.float32)
-    for b, item in enumerate(items):
-        n = len(item.input_ids)
-        input_ids[b, :n] = torch.tensor(item.input_ids, dtype=torch.long)
-        attention_mask[b, :n] = torch.tensor(item.attention_mask, dtype=torch.long)
-        action_mask[b, :n] = torch.tensor(item.action_mask, dtype=torch.float32)
-    rows, bounds = _host_action_rows(items, T)
-    out = {"input_ids": input_ids, "attention_mask": attention_mask, "action_mask": action_mask,
-           **_sequence_tensors(items, None, group_index, macro), ACTION_ROWS: rows}
+    lengths = np.array([len(i.input_ids) for i in items])
+    B, T, total = len(items), int(lengths.max()), int(lengths.sum())
+    real = np.arange(T)[None, :] < lengths[:, None]  # [B, T]: row b's first len_b positions, row-major
+    input_ids = np.full((B, T), int(pad_token_id), dtype=np.int64)
+    attention_mask = np.zeros((B, T), dtype=np.int64)
+    action_mask = np.zeros((B, T), dtype=np.float32)
+    input_ids[real] = _flat(items, _INPUT_IDS, np.int64, total)
+    attention_mask[real] = _flat(items, _ATTENTION_MASK, np.int64, total)
+    action_mask[real] = _flat(items, _ACTION_MASK, np.float32, total)
+    rows, bounds = _host_action_rows(input_ids.reshape(-1), action_mask.reshape(-1), np.arange(B) * T)
+    out = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention_mask),
+           "action_mask": torch.from_numpy(action_mask), **_sequence_tensors(items, None, group_index, macro),
+           ACTION_ROWS: rows}
     if "old_logp_action" in out:
-        actor = torch.zeros((B, T), dtype=torch.float32)
-        for b, item in enumerate(items):
-            actor[b][action_mask[b] > 0] = torch.tensor(item.actor_logps.token_logps, dtype=torch.float32)
-        out["actor_logps"] = actor
+        actor = np.zeros((B, T), dtype=np.float32)
+        actor[action_mask > 0] = _flat(items, _ACTOR_LOGPS, np.float32, int((action_mask > 0).sum()))
+        out["actor_logps"] = torch.from_numpy(actor)
     out = _to_device(out, device)
     attach_action_rows(out, out[ACTION_ROWS], bounds)
     return out
@@ -373,24 +383,27 @@ def collate_packed(
     """One packed row of S sequences, no padding (keys in the module docstring)."""
     if not items:
         raise ValueError("collate_packed needs at least one item")
-    lengths = [len(i.input_ids) for i in items]
-    cu_seqlens = torch.zeros(len(items) + 1, dtype=torch.int32)
-    cu_seqlens[1:] = torch.cumsum(torch.tensor(lengths), 0)
+    lengths = np.array([len(i.input_ids) for i in items])
+    total = int(lengths.sum())
+    offsets = np.zeros(len(items) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(lengths)
+    starts = offsets[:-1]
+    cu_seqlens = torch.from_numpy(offsets.astype(np.int32))
+    input_ids = _flat(items, _INPUT_IDS, np.int64, total)
+    action_mask = _flat(items, _ACTION_MASK, np.float32, total)
     out = {
-        "input_ids": torch.tensor([t for i in items for t in i.input_ids], dtype=torch.long)[None],
-        "attention_mask": torch.tensor([m for i in items for m in i.attention_mask], dtype=torch.long)[None],
-        "action_mask": torch.tensor([m for i in items for m in i.action_mask], dtype=torch.float32)[None],
-        "position_ids": torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])[None],
+        "input_ids": torch.from_numpy(input_ids)[None],
+        "attention_mask": torch.from_numpy(_flat(items, _ATTENTION_MASK, np.int64, total))[None],
+        "action_mask": torch.from_numpy(action_mask)[None],
+        "position_ids": torch.from_numpy(np.arange(total) - np.repeat(starts, lengths))[None],
         "cu_seqlens": cu_seqlens,
         **_sequence_tensors(items, None, group_index, macro),
     }
     if "old_logp_action" in out:
-        actor = torch.zeros_like(out["action_mask"])
-        actor[out["action_mask"] > 0] = torch.tensor(
-            [lp for i in items for lp in i.actor_logps.token_logps], dtype=torch.float32
-        )
-        out["actor_logps"] = actor
-    rows, bounds = _host_action_rows(items, None)
+        actor = np.zeros(total, dtype=np.float32)
+        actor[action_mask > 0] = _flat(items, _ACTOR_LOGPS, np.float32, int((action_mask > 0).sum()))
+        out["actor_logps"] = torch.from_numpy(actor)[None]
+    rows, bounds = _host_action_rows(input_ids, action_mask, starts)
     out = _to_device({**out, ACTION_ROWS: rows}, device)
     out[CU_SEQLENS_HOST] = cu_seqlens
     attach_action_rows(out, out[ACTION_ROWS], bounds)

@@ -83,13 +83,13 @@ def validate_actor_logps(saw_batch: SAWBatch) -> SAWBatch:
         if logps is None:
             missing.append(idx)
             continue
-        expected = sum(int(m) for m in item.action_mask)
+        expected = sum(map(int, item.action_mask))
         if len(logps.token_logps) != expected:
             raise ValueError(
                 f"ActorTokenLogps length mismatch for item {idx}: {len(logps.token_logps)} logps for "
                 f"{expected} action tokens (rollout_id={item.meta.get('rollout_id')})"
             )
-        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in logps.token_logps):
+        if any(issubclass(t, bool) or not issubclass(t, (int, float)) for t in set(map(type, logps.token_logps))):
             raise TypeError(f"ActorTokenLogps.token_logps of item {idx} must be a List[float]")
     if missing:
         raise ValueError(
