@@ -13,6 +13,8 @@ Paths (q `[1, heads, total, d]`, k / v `[1, kv_heads, total, d]`, sequences at `
                  fused kernels on CUDA)
   sdpa-loop      `sdpa_varlen._loop`: one causal SDPA call per sequence (the CPU's and fp32's sdpa_varlen)
   sdpa-nested    `sdpa_varlen._nested`: one SDPA call over nested jagged tensors (CUDA, half precision)
+  sdpa-flash     `sdpa_varlen._flash_varlen`: one call of PyTorch's flash varlen kernel (torch.nn.attention.varlen,
+                 CUDA, half precision): sdpa_varlen's path there
   flex           transformers' flex_attention_forward (compiled flex) with `packing._block_mask` (no CPU backward)
   flex-torch-mask  the same with torch's create_block_mask of the same rule (evaluated at all total² pairs): the
                  setup the tile-built BlockMask replaces (its setup is timed on the CPU too)
@@ -53,8 +55,8 @@ from torch import Tensor
 from ludic_fast.integrations import packing, sdpa_varlen
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-PATHS = ("padded-causal", "padded-mask", "dense-mask", "sdpa-loop", "sdpa-nested", "flex", "flex-torch-mask",
-         "flash-varlen")
+PATHS = ("padded-causal", "padded-mask", "dense-mask", "sdpa-loop", "sdpa-nested", "sdpa-flash", "flex",
+         "flex-torch-mask", "flash-varlen")
 
 
 class Layer(torch.nn.Module):
@@ -149,6 +151,16 @@ def _sdpa_nested():
     return setup, run
 
 
+def _sdpa_flash():
+    def setup(cu: list[int], device: torch.device) -> dict[str, Any]:
+        return {"split": sdpa_varlen._Split(cu)}
+
+    def run(q: Tensor, k: Tensor, v: Tensor, state: dict[str, Any]) -> Tensor:
+        return sdpa_varlen._flash_varlen(q, k, v, state["split"], q.shape[1] // k.shape[1], None, None)[0]
+
+    return setup, run
+
+
 def _flex(layer: Layer, tiles: bool):
     from torch.nn.attention.flex_attention import create_block_mask
     from transformers.integrations.flex_attention import flex_attention_forward
@@ -186,6 +198,12 @@ def unavailable(path: str, device: torch.device, dtype: torch.dtype, head_dim: i
     half = dtype in (torch.float16, torch.bfloat16)
     if path == "sdpa-nested" and not (device.type == "cuda" and half):
         return "jagged SDPA is causal only in the CUDA half-precision kernels"
+    if path == "sdpa-flash" and not (device.type == "cuda" and half):
+        return "PyTorch's flash varlen kernel: CUDA, half precision"
+    if path == "sdpa-flash" and "window_size" not in sdpa_varlen._VARLEN_PARAMS:
+        return "this torch has no torch.nn.attention.varlen.varlen_attn(window_size=...)"
+    if path == "sdpa-flash" and head_dim not in sdpa_varlen.FLASH_HEAD_DIMS:
+        return "PyTorch's flash kernel takes head dimensions 8, 16, ..., 256"
     if path.startswith("flex") and device.type != "cuda":
         return "flex attention has no backward on CPU"
     if path.startswith("flex") and head_dim < packing.FLEX_CUDA_MIN_HEAD_DIM:
@@ -201,6 +219,7 @@ def make_path(path: str, layer: Layer) -> tuple[Callable, Callable]:
     """(setup(cu, device) -> state, run(q, k, v, state) -> out [total, heads, d]) of one path."""
     builders = {"padded-causal": lambda: _padded(False), "padded-mask": lambda: _padded(True),
                 "dense-mask": _dense_mask, "sdpa-loop": _sdpa_loop, "sdpa-nested": _sdpa_nested,
+                "sdpa-flash": _sdpa_flash,
                 "flex": lambda: _flex(layer, True), "flex-torch-mask": lambda: _flex(layer, False),
                 "flash-varlen": _flash_varlen}
     return builders[path]()
@@ -287,8 +306,8 @@ def measure(path: str, lengths: list[int], args: argparse.Namespace, device: tor
 
 
 #: the library's exact packed paths and the attention implementation each runs under
-LIBRARY_PATHS = {"flash-varlen": "flash_attention_2", "flex": "flex_attention", "sdpa-nested": sdpa_varlen.SDPA_VARLEN,
-                 "sdpa-loop": sdpa_varlen.SDPA_VARLEN, "dense-mask": "sdpa"}
+LIBRARY_PATHS = {"flash-varlen": "flash_attention_2", "flex": "flex_attention", "sdpa-flash": sdpa_varlen.SDPA_VARLEN,
+                 "sdpa-nested": sdpa_varlen.SDPA_VARLEN, "sdpa-loop": sdpa_varlen.SDPA_VARLEN, "dense-mask": "sdpa"}
 
 
 class _SdpaModel(torch.nn.Module):
@@ -308,10 +327,12 @@ def auto_choice(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
     model = _SdpaModel(head_dim)
     half = dtype in (torch.float16, torch.bfloat16)
     impl = packing.auto_attention(model, device, half=half) or "sdpa"
-    if impl == sdpa_varlen.SDPA_VARLEN:
-        query = types.SimpleNamespace(is_cuda=device.type == "cuda", device=device, dtype=dtype)  # no allocation
-        nested = sdpa_varlen.nested_applies(query, [1], None)
-        return "sdpa-nested" if nested else "sdpa-loop"
+    if impl == sdpa_varlen.SDPA_VARLEN:  # no allocation: a stand-in query
+        query = types.SimpleNamespace(is_cuda=device.type == "cuda", device=device, dtype=dtype,
+                                      shape=(1, 1, 1, head_dim))
+        if sdpa_varlen.flash_varlen_applies(query, [1], 0.0):
+            return "sdpa-flash"
+        return "sdpa-nested" if sdpa_varlen.nested_applies(query, [1], None) else "sdpa-loop"
     return next(path for path, name in LIBRARY_PATHS.items() if name == impl)
 
 

@@ -102,6 +102,83 @@ def test_jagged_path_under_autocast_computes_in_its_dtype(monkeypatch):
     assert float((out[0].double() - ref).abs().max() / ref.abs().max()) <= 2e-2
 
 
+def _flash_stand_in(calls: list, gqa: bool):
+    """Stand-in for `torch.nn.attention.varlen.varlen_attn` (its flash kernel is CUDA only), from its documented
+    contract: q [T, H, d], k / v [T, H_kv, d] (H_kv < H only with enable_gqa), int32 offsets, key k of query q
+    attended when left >= q - k >= -right within q's sequence (window_size = (left, right), -1: unbounded)."""
+
+    def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+        calls.append({"cu": cu_q.dtype, "same": cu_k is cu_q, "max": (max_q, max_k), "window": window_size,
+                      "gqa": enable_gqa, "kv_heads": k.shape[1], "contiguous": q.is_contiguous()})
+        assert enable_gqa == gqa and (enable_gqa or k.shape[1] == q.shape[1])
+        left, right = window_size
+        outs = []
+        for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+            qs, ks, vs = (x[a:b].transpose(0, 1) for x in (q, k, v))
+            ks, vs = (x.repeat_interleave(q.shape[1] // k.shape[1], 0) for x in (ks, vs))
+            lag = torch.arange(b - a)[:, None] - torch.arange(b - a)[None, :]
+            allowed = (lag >= -right if right >= 0 else True) & (lag <= left if left >= 0 else True)
+            outs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed & (lag >= -max(right, 0)),
+                                                       scale=scale).transpose(0, 1))
+        return torch.cat(outs)
+
+    return varlen_attn
+
+
+@pytest.mark.parametrize("gqa", [True, False], ids=["enable_gqa", "kv-repeated"])
+def test_flash_varlen_path_layout_with_the_kernel_replaced(monkeypatch, gqa):
+    """`sdpa_varlen._flash_varlen` hands the packed row to PyTorch's flash varlen entry point as [total, heads, d]
+    with int32 offsets, the longest sequence and causal `window_size=(-1, 0)`, GQA by `enable_gqa` where the entry
+    point takes it (else kv heads repeated), and returns [1, total, heads, d] with gradients to the row; the
+    CUDA-only kernel replaced by a stand-in of its contract."""
+    bench, calls = _bench(), []
+    monkeypatch.setattr(sdpa_varlen, "varlen_attn", _flash_stand_in(calls, gqa))
+    params = {"window_size": None, **({"enable_gqa": None} if gqa else {})}
+    monkeypatch.setattr(sdpa_varlen, "_VARLEN_PARAMS", params)
+    cu, (q, k, v, grad) = _case(bench)
+
+    def run(q, k, v, state):
+        out = sdpa_varlen._flash_varlen(q, k, v, sdpa_varlen._Split(cu), HEADS // KV_HEADS, None, None)
+        assert out.shape == (1, sum(LENGTHS), HEADS, HEAD_DIM)
+        return out[0]
+
+    errors = bench.errors(run, {}, q, k, v, grad, LENGTHS)
+    assert max(errors.values()) <= 1e-5, errors
+    assert calls[0] == {"cu": torch.int32, "same": True, "max": (max(LENGTHS),) * 2, "window": (-1, 0), "gqa": gqa,
+                        "kv_heads": KV_HEADS if gqa else HEADS, "contiguous": True}
+
+
+def test_flash_varlen_sliding_window_keeps_what_transformers_keeps(monkeypatch):
+    """A sliding window w keeps keys q - w < k <= q (transformers' masks; the per-sequence loop): the flash entry
+    point gets window_size (w - 1, 0), and the row's output equals the loop's."""
+    bench, calls = _bench(), []
+    monkeypatch.setattr(sdpa_varlen, "varlen_attn", _flash_stand_in(calls, False))
+    monkeypatch.setattr(sdpa_varlen, "_VARLEN_PARAMS", {"window_size": None})
+    cu, (q, k, v, _) = _case(bench)
+    groups, window = HEADS // KV_HEADS, 7
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    out = sdpa_varlen._flash_varlen(q, k, v, sdpa_varlen._Split(cu), 1, window, None)
+    want = sdpa_varlen._loop(q, k, v, LENGTHS, window, 0.0, None, {})
+    assert calls[0]["window"] == (window - 1, 0)
+    assert torch.allclose(out, want, atol=1e-6, rtol=0)
+
+
+def test_flash_varlen_applies_only_where_the_kernel_does():
+    """CUDA, half precision (or autocast to it), no dropout, head dim 8..256 in steps of 8, no empty sequence."""
+    def query(dtype=torch.bfloat16, cuda=True, head_dim=64):
+        device = torch.device("cuda" if cuda else "cpu")
+        return types.SimpleNamespace(is_cuda=cuda, device=device, dtype=dtype, shape=(1, HEADS, 8, head_dim))
+
+    has_it = "window_size" in sdpa_varlen._VARLEN_PARAMS
+    assert sdpa_varlen.flash_varlen_applies(query(), [3, 5], 0.0) is has_it
+    assert not sdpa_varlen.flash_varlen_applies(query(cuda=False), [3, 5], 0.0)
+    assert not sdpa_varlen.flash_varlen_applies(query(dtype=torch.float32), [3, 5], 0.0)
+    assert not sdpa_varlen.flash_varlen_applies(query(), [3, 5], 0.1)
+    assert not sdpa_varlen.flash_varlen_applies(query(head_dim=12), [3, 5], 0.0)
+    assert not sdpa_varlen.flash_varlen_applies(query(head_dim=264), [3, 5], 0.0)
+    assert not sdpa_varlen.flash_varlen_applies(query(), [3, 0, 5], 0.0)
+
+
 def test_jagged_path_is_not_chosen_on_the_cpu():
     q = torch.zeros(1, HEADS, 8, HEAD_DIM, dtype=torch.bfloat16)
     assert not sdpa_varlen.nested_applies(q, [3, 5], None)
@@ -128,9 +205,11 @@ def test_bench_rows_on_cpu(tmp_path):
     ("cuda", torch.bfloat16, True, "flash-varlen"), ("cuda", torch.float32, True, "flex")])
 @pytest.mark.parametrize("head_dim", [8, 64])
 def test_the_verdict_names_the_path_auto_runs(monkeypatch, device, dtype, flash, want, head_dim):
-    """Flex's CUDA kernel takes head_dim >= 16: below it auto runs the jagged SDPA path (CUDA, half) or the loop."""
+    """Flex's CUDA kernel takes head_dim >= 16: below it auto runs sdpa_varlen: PyTorch's flash varlen kernel (or
+    the jagged SDPA path without it) in half precision on CUDA, else the loop."""
     if want == "flex" and head_dim < 16:
-        want = "sdpa-nested" if dtype == torch.bfloat16 else "sdpa-loop"
+        torch_flash = "window_size" in sdpa_varlen._VARLEN_PARAMS  # PyTorch's own flash varlen entry point
+        want = ("sdpa-flash" if torch_flash else "sdpa-nested") if dtype == torch.bfloat16 else "sdpa-loop"
     bench = _bench()
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -233,11 +233,11 @@ def auto_attention(model: nn.Module, device: torch.device | str, *, half: bool, 
     `flash_attention_2` when flash-attn is installed and the compute dtype is half (`half`), else
     `flex_attention` (not for a sliding window shorter than `max_seq_len`: its BlockMask here is full causal;
     not for a head dimension below 16, which flex's CUDA kernel refuses);
-    on CPU, or when neither applies, `SDPA_VARLEN` (`integrations.sdpa_varlen`: one jagged SDPA call on CUDA in
-    half precision, one call per sequence otherwise) unless the model soft-caps its attention logits or has
-    attention sinks (it then keeps the dense mask). bench/packed_attention.py times these kernels. Returns the
-    implementation set (via transformers' `set_attn_implementation`), or None: another implementation already
-    chosen by the user, or none available."""
+    on CPU, or when neither applies, `SDPA_VARLEN` (`integrations.sdpa_varlen`: one call of PyTorch's flash
+    varlen kernel on CUDA in half precision, one SDPA call per sequence otherwise) unless the model soft-caps
+    its attention logits or has attention sinks (it then keeps the dense mask). bench/packed_attention.py
+    times these kernels. Returns the implementation set (via transformers' `set_attn_implementation`), or
+    None: another implementation already chosen by the user, or none available."""
     impl = attention_implementation(model)
     lm = unwrap_model(model)
     if impl not in ("eager", "sdpa") or not hasattr(lm, "set_attn_implementation"):

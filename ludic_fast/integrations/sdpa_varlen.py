@@ -9,8 +9,12 @@ alone, so
 with PyTorch's `scaled_dot_product_attention`
 (https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html): Σ L_s²
 attention work instead of the total² of a dense block-diagonal mask, no mask memory, autograd on every device.
-On CUDA in half precision the sequences go to SDPA in one call, as a nested jagged tensor (PyTorch's
-varlen flash / memory-efficient kernels: one launch instead of one per sequence); elsewhere one call each.
+On CUDA in half precision the row goes to PyTorch's flash-attention varlen kernel in one call
+(`torch.nn.attention.varlen.varlen_attn`: the row and its offsets as they are, GQA without repeating the kv
+heads where it takes `enable_gqa`, a sliding window as its `window_size`); where that does not apply (attention
+dropout, which it has none of; a head dimension the flash kernel does not take) to SDPA in one call as a
+nested jagged tensor (PyTorch's varlen flash / memory-efficient kernels); elsewhere one SDPA call per
+sequence.
 A sliding window w (the `sliding_window` keyword the model passes its attention function) keeps keys with
 `q - w < k <= q` inside each sequence, as transformers' masks do.
 
@@ -37,6 +41,11 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward, use_gqa_in_sdpa
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+try:  # PyTorch's flash-attention varlen entry point (torch >= 2.10; window_size, so causal, from 2.11)
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - torch < 2.10
+    varlen_attn = None
+
 #: the attention implementation name (`config._attn_implementation`); contains "sdpa" so that transformers
 #: checks the model supports SDPA when it is set
 SDPA_VARLEN = "ludic_sdpa_varlen"
@@ -44,6 +53,9 @@ SDPA_VARLEN = "ludic_sdpa_varlen"
 _UNSUPPORTED = ("softcap", "s_aux")
 #: use_gqa_in_sdpa takes (attention_mask, key) in transformers 5.10 and (attention_mask, key, value) by 5.17
 _GQA_ARITY = len(inspect.signature(use_gqa_in_sdpa).parameters)
+_VARLEN_PARAMS = inspect.signature(varlen_attn).parameters if varlen_attn is not None else {}
+#: the head dimensions PyTorch's flash kernel takes (multiples of 8 up to 256)
+FLASH_HEAD_DIMS = range(8, 257, 8)
 
 
 def sdpa_varlen_attention_forward(
@@ -78,6 +90,8 @@ def _per_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
                          f"tokens, got query {tuple(query.shape)}, key {tuple(key.shape)} (no KV cache)")
     window = kwargs.get("sliding_window")
     groups = getattr(module, "num_key_value_groups", 1)
+    if flash_varlen_applies(query, lengths, dropout):
+        return _flash_varlen(query, key, value, split, groups, window, scaling)
     nested = nested_applies(query, lengths, window)
     gqa = groups > 1 and not nested and window is None and use_gqa_in_sdpa(*(None, key, value)[:_GQA_ARITY])
     if groups > 1 and not gqa:  # jagged SDPA does not take enable_gqa
@@ -88,17 +102,18 @@ def _per_sequence(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
 
 
 class _Split:
-    """A packed row's sequence bounds, read once (`bounds`), and their int64 copy on each device that uses them
-    (`offsets`: the jagged tensors' offsets, copied once per forward, not per layer)."""
+    """A packed row's sequence bounds, read once (`bounds`), and their copy on each device that uses them
+    (`offsets`: the jagged tensors' int64 offsets, the flash kernel's int32 ones; copied once per forward, not
+    per layer)."""
 
     def __init__(self, bounds: list[int]) -> None:
         self.bounds = bounds
-        self._offsets: dict[torch.device, Tensor] = {}
+        self._offsets: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
-    def offsets(self, device: torch.device) -> Tensor:
-        if device not in self._offsets:
-            self._offsets[device] = torch.tensor(self.bounds, dtype=torch.int64).to(device, non_blocking=True)
-        return self._offsets[device]
+    def offsets(self, device: torch.device, dtype: torch.dtype = torch.int64) -> Tensor:
+        if (device, dtype) not in self._offsets:
+            self._offsets[device, dtype] = torch.tensor(self.bounds, dtype=dtype).to(device, non_blocking=True)
+        return self._offsets[device, dtype]
 
 
 #: the last cu_seq_lens_q read: (the tensor, its version counter, its split); every layer of a forward gets the
@@ -124,6 +139,38 @@ def _compute_dtype(query: Tensor) -> torch.dtype:
     """The dtype SDPA computes in: the autocast dtype when autocast is on for the query's device, else its own."""
     device = query.device.type
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+
+
+def flash_varlen_applies(query: Tensor, lengths: list[int], dropout: float) -> bool:
+    """Whether the row runs as one call of PyTorch's flash varlen kernel (`_flash_varlen`): a torch whose
+    `varlen_attn` takes `window_size`, on CUDA computing in half precision, no attention dropout (the entry
+    point has none), a head dimension in FLASH_HEAD_DIMS, no empty sequence."""
+    half = _compute_dtype(query) in (torch.float16, torch.bfloat16)
+    return ("window_size" in _VARLEN_PARAMS and query.is_cuda and half and dropout == 0.0
+            and query.shape[-1] in FLASH_HEAD_DIMS and min(lengths) > 0)
+
+
+def _flash_varlen(query: Tensor, key: Tensor, value: Tensor, split: _Split, groups: int, window: int | None,
+                  scaling: float | None) -> Tensor:
+    """One call of `torch.nn.attention.varlen.varlen_attn` over the row: q `[total, heads, d]`, k / v
+    `[total, kv_heads, d]` (GQA by its `enable_gqa` where it has one, else the kv heads repeated), the int32
+    offsets on the device (made once per forward), causal within each sequence as `window_size=(-1, 0)`, a
+    sliding window w (keys q - w < k <= q) as `(w - 1, 0)` -> `[1, total, heads, d]`. Under autocast the inputs
+    are cast to its dtype here (autocast does not cast a custom op's) and the call runs outside it."""
+    bounds = split.bounds
+    longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    extra: dict[str, Any] = {}
+    if groups > 1 and "enable_gqa" in _VARLEN_PARAMS:
+        extra["enable_gqa"] = True
+    elif groups > 1:
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    dtype = _compute_dtype(query)
+    q, k, v = (x[0].transpose(0, 1).to(dtype).contiguous() for x in (query, key, value))
+    cu = split.offsets(query.device, torch.int32)
+    with torch.autocast(query.device.type, enabled=False):
+        out = varlen_attn(q, k, v, cu, cu, longest, longest, scale=scaling,
+                          window_size=(-1 if window is None else window - 1, 0), **extra)
+    return out[None]
 
 
 def nested_applies(query: Tensor, lengths: list[int], window: int | None) -> bool:
@@ -198,4 +245,5 @@ def sdpa_varlen_mask(*args: Any, **kwargs: Any) -> Tensor | None:
 AttentionInterface.register(SDPA_VARLEN, sdpa_varlen_attention_forward)
 AttentionMaskInterface.register(SDPA_VARLEN, sdpa_varlen_mask)
 
-__all__ = ["SDPA_VARLEN", "sdpa_varlen_attention_forward", "nested_applies", "packed_row_mask", "sdpa_varlen_mask"]
+__all__ = ["SDPA_VARLEN", "sdpa_varlen_attention_forward", "flash_varlen_applies", "nested_applies", "packed_row_mask",
+           "sdpa_varlen_mask"]

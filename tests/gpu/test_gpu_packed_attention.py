@@ -2,7 +2,8 @@
 layout (14 query / 2 key-value heads, d 64), sequences that cut and fill flex's 128-token tiles: each path's output
 and dq / dk / dv against float64 attention of each sequence alone, allowed K = 4 times the error of plain SDPA on
 the padded batch (is_causal) — the bf16 rounding of a kernel everyone trusts, measured on the same inputs. CUDA:
-the jagged one-call path, flex, flash-attn varlen when installed; CPU: the paths the CPU runs."""
+the jagged one-call path, PyTorch's flash varlen kernel (sdpa_varlen's CUDA path), flex, flash-attn varlen when
+installed; CPU: the paths the CPU runs."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def _errors(bench, path: str, device: torch.device) -> dict[str, float]:
 
 PATHS = [
     *(on(d, p, id=f"{d}-{p}") for d in ("cpu", "cuda") for p in ("padded-mask", "dense-mask", "sdpa-loop")),
-    on("cuda", "sdpa-nested", id="cuda-sdpa-nested"), on("cuda", "flex", id="cuda-flex"),
+    on("cuda", "sdpa-nested", id="cuda-sdpa-nested"), on("cuda", "sdpa-flash", id="cuda-sdpa-flash"),
+    on("cuda", "flex", id="cuda-flex"),
     pytest.param("cuda", "flash-varlen", id="cuda-flash-varlen",
                  marks=(*CUDA_ONLY, pytest.mark.skipif(not FLASH, reason="needs flash-attn"))),
 ]
