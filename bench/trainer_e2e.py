@@ -13,7 +13,9 @@ grad clipping, AdamW — on a Llama-architecture model built from a config (rand
   (`create_optimizer`: `GRPOConfig.optim`'s default, torch's fused AdamW, lr 1e-5 and weight decay 0.01 as
   ours), as a user who sets nothing gets;
 - `trl+liger`: the same with `GRPOConfig(use_liger_kernel=True)`, which in TRL 1.16 patches Liger-Kernel's
-  body kernels (RMSNorm, SwiGLU, RoPE) into the model — the like of `ours-*+kernels` (CUDA only).
+  body kernels (RMSNorm, SwiGLU, RoPE) into the model — the like of `ours-*+kernels` (CUDA only);
+- `trl-fast`: the same step with `ludic_fast.integrations.trl.FastGRPOTrainer` in place of `GRPOTrainer` (TRL's
+  loss on ludic_fast's head: the drop-in for a TRL user who keeps TRL's trainer).
 
 A packed path may name its attention after a colon, `ours-packed:sdpa_varlen`, `ours-packed:flex`: the
 Trainer's `packed_attention` forced to it (`ludic_fast.integrations.packing`), to race the packed paths a rule
@@ -59,7 +61,8 @@ from torch.profiler import record_function
 from ludic_fast.benchmark.worker import RESULT_PREFIX, PeakMemory
 from ludic_fast.run.atomic_io import atomic_write_text
 
-PATHS = ("ours-padded", "ours-packed", "ours-padded+kernels", "ours-packed+kernels", "reference", "trl", "trl+liger")
+PATHS = ("ours-padded", "ours-packed", "ours-padded+kernels", "ours-packed+kernels", "reference", "trl", "trl+liger",
+         "trl-fast")
 SHAPES = {
     "small": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 4, "tie_word_embeddings": False},
@@ -225,18 +228,20 @@ def _ours_step(args: argparse.Namespace, path: str):
     return trainer.train_step_sync, trainer.memory_estimate.total, trainer.model
 
 
-def _trl_step(args: argparse.Namespace, liger: bool = False):
+def _trl_step(args: argparse.Namespace, liger: bool = False, fast: bool = False):
+    """TRL's step: GRPOTrainer (`liger`: with use_liger_kernel) or, `fast`, FastGRPOTrainer."""
     import tempfile
 
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     from ludic_fast.embedded import build_char_tokenizer
+    from ludic_fast.integrations.trl import FastGRPOTrainer
 
     model = _build_model(args)
     items = _items(args)
     with tempfile.TemporaryDirectory() as out:
-        trainer = GRPOTrainer(
+        trainer = (FastGRPOTrainer if fast else GRPOTrainer)(
             model=model,
             reward_funcs=lambda completions, **kw: [0.0] * len(completions),
             args=GRPOConfig(
@@ -318,7 +323,9 @@ def _sync(device: str) -> None:
 
 def build_step(args: argparse.Namespace, path: str):
     """(step(), the Trainer's memory estimate or None, the model) of one path, built in this process."""
-    return _trl_step(args, liger=path == "trl+liger") if path.startswith("trl") else _ours_step(args, path)
+    if path.startswith("trl"):
+        return _trl_step(args, liger=path == "trl+liger", fast=path == "trl-fast")
+    return _ours_step(args, path)
 
 
 def skip_reason(args: argparse.Namespace, path: str) -> str | None:

@@ -70,7 +70,7 @@ def test_tiny_cpu_run_has_a_row_per_path(capsys, tmp_path, monkeypatch):
     assert bench.main(argv) == 0
     out, err = capsys.readouterr()
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    for path in ("ours-padded", "ours-packed", "reference", "trl"):
+    for path in ("ours-padded", "ours-packed", "reference", "trl", "trl-fast"):
         cells = [c.strip() for c in rows[path].split("|")[2:-1]]
         assert float(cells[0]) > 0 and float(cells[2]) > 0 and float(cells[3]) > 0, rows[path]
     assert "CUDA only" in rows["ours-padded+kernels"] and "CUDA only" in rows["ours-packed+kernels"]
@@ -81,9 +81,10 @@ def test_tiny_cpu_run_has_a_row_per_path(capsys, tmp_path, monkeypatch):
     assert saved["ours-packed"]["estimate_bytes"] > 0 and saved["trl"]["estimate_bytes"] is None
     assert [saved[p]["attention"] for p in ("ours-padded", "ours-packed", "trl")] == ["sdpa", "ludic_sdpa_varlen",
                                                                                        "sdpa"]
-    assert "Attention as run: ours-padded sdpa, ours-packed ludic_sdpa_varlen, reference sdpa, trl sdpa." in out
+    assert ("Attention as run: ours-padded sdpa, ours-packed ludic_sdpa_varlen, reference sdpa, trl sdpa, "
+            "trl-fast sdpa.") in out
     progress = [line for line in err.splitlines() if line.startswith("[e2e] ")]
-    assert len(progress) == 7 and progress[0].startswith("[e2e] ours-padded: median step ")
+    assert len(progress) == 8 and progress[0].startswith("[e2e] ours-padded: median step ")
 
 
 def test_rows_are_saved_after_every_path(tmp_path, monkeypatch):
@@ -291,3 +292,29 @@ def test_a_step_leaves_the_sources_items_as_they_were(path):
     step()
     step()
     assert source.items == before
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl")
+def test_trl_fast_path_runs_fast_grpo_trainer_on_the_same_batch(monkeypatch):
+    """`trl-fast` is TRL's step with FastGRPOTrainer in place of GRPOTrainer: its step computes the loss with
+    FastGRPOTrainer, equal to stock TRL's on the same inputs (the drop-in's contract, fp32)."""
+    from trl import GRPOTrainer
+
+    from ludic_fast.integrations.trl import FastGRPOTrainer
+
+    seen = []
+    for cls in (GRPOTrainer, FastGRPOTrainer):
+        def recorded(self, *a, _compute=cls.compute_loss, **k):
+            loss = _compute(self, *a, **k)
+            seen.append((type(self).__name__, float(loss)))
+            return loss
+
+        monkeypatch.setattr(cls, "compute_loss", recorded)
+    bench = _bench()
+    args = bench.resolve(bench._parser().parse_args(["--vocab", "256", "--hidden", "32", "--layers", "1", "--seqs",
+                                                      "3", "--seq-len", "24", "--dtype", "fp32"]))
+    for path in ("trl", "trl-fast"):
+        bench.build_step(args, path)[0]()
+    (stock, trl_loss), (fast, fast_loss) = seen[0], seen[-1]
+    assert (stock, fast) == ("GRPOTrainer", "FastGRPOTrainer")
+    assert fast_loss == pytest.approx(trl_loss, rel=1e-5)
