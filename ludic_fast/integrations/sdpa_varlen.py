@@ -111,8 +111,13 @@ class _Split:
         self._offsets: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
     def offsets(self, device: torch.device, dtype: torch.dtype = torch.int64) -> Tensor:
+        """The bounds as a `dtype` tensor on `device`; to a CUDA device from pinned memory (a copy from pageable
+        memory waits for the stream's queued work first)."""
         if (device, dtype) not in self._offsets:
-            self._offsets[device, dtype] = torch.tensor(self.bounds, dtype=dtype).to(device, non_blocking=True)
+            host = torch.tensor(self.bounds, dtype=dtype)
+            if device.type == "cuda":
+                host = host.pin_memory()
+            self._offsets[device, dtype] = host.to(device, non_blocking=True)
         return self._offsets[device, dtype]
 
 
