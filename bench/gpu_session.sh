@@ -16,8 +16,10 @@
 # whichever is less, and keeps what it measured when cut: the suite rewrites its verdict after every test (and
 # on SIGTERM) and stops itself 10 s inside the stage, each bench implementation writes its tables after every
 # case, the trainer end to end its rows after every path, the profile its tables after every run. A stage that
-# would get under 15 s is skipped, and says so. A failing test is a section of the verdict with its message and
-# traceback; a hanging test or bench case costs its own limit (TEST_SECONDS, CASE_SECONDS) and the stage goes on.
+# would get under 15 s is skipped, and says so. The suite runs each group as SUITE_SHARDS (3) pytest processes
+# at once: its tests mostly compile kernels and run Python, which the machine's 16 cores do side by side, so a
+# stage that ends early leaves its seconds to the session's later calls. A failing test is a section of the
+# verdict with its message and traceback; a hanging test or bench case costs its own limit (TEST_SECONDS, CASE_SECONDS) and the stage goes on.
 # Everything lands in $RESULTS (default bench/results/gpu; the rehearsal: bench/results/gpu-rehearsal) and, at
 # most 8 files per call, flat in $OUT (default $RESULTS/out-CALL): session-CALL.log, results-CALL.tar.gz (the
 # whole folder so far, after every stage and every bench implementation), the suite verdicts and the main
@@ -34,6 +36,7 @@ PY=${PY:-python3}
 WHEELS=${WHEELS:-.whl}
 SITE=${SITE:-/tmp/site}
 TEST_SECONDS=${TEST_SECONDS:-60}
+SUITE_SHARDS=${SUITE_SHARDS:-3}  # pytest processes per suite group at once (bench/gpu_suite.py --shards)
 CASE_SECONDS=${CASE_SECONDS:-60}
 TIME_SCALE=${TIME_SCALE:-1}  # an integer factor on every call's and stage's seconds (a slow rehearsal machine)
 MIN_STAGE_SECONDS=15
@@ -117,7 +120,7 @@ suite() {  # suite GROUP SECONDS: the suite stops itself 10 s inside the stage's
     [[ $1 == core && -f $prior_file ]] && prior=(--prior "$prior_file")
     [[ $1 == core ]] && dup=(--drop-duplicates)
     logged "suite-$1-run" "$2" "$PY" bench/gpu_suite.py --out "$RESULTS" --group "$1" --seconds "$(($2 - 10))" \
-        --test-seconds "$TEST_SECONDS" --verdict-copy "$OUT" "${prior[@]}" "${dup[@]}"
+        --test-seconds "$TEST_SECONDS" --shards "$SUITE_SHARDS" --verdict-copy "$OUT" "${prior[@]}" "${dup[@]}"
 }
 
 bench_stage() {  # bench_stage STAGE SECONDS: each implementation in its own process, then the stage's tables

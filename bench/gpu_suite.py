@@ -19,6 +19,11 @@ OUT/suite-NAME-verdict.md (NAME: the groups run, or 'all') whenever the jsonl gr
 --seconds (it then ends pytest) and on SIGTERM (it ends pytest, writes the verdict and exits 143); each
 `--verdict-copy` folder gets every rewrite too.
 
+`--shards N` runs each group as N pytest processes at once (shard i: every N-th test of the group's order
+from the i-th, so each shard starts with its share of the prior failures), each with its own jsonl
+(suite-NAME.i.jsonl), its own restarts after a hang and the same deadline; the verdict has a row per shard. A
+test spends most of its time compiling kernels and in Python, which a 16-core GPU machine runs side by side.
+
 `--prior JSONL` (a previous run's jsonl, repeatable) orders each group: the tests that failed or hung there
 first, then those it never finished (not reached, or not yet written then), then the rest, each part in
 collection order. `--drop-duplicates` leaves out the tests of DUPLICATES (each runs exactly the code of a
@@ -53,7 +58,7 @@ DUPLICATES = (
      "(plan_head(auto) == plan_head(forced), tests/test_gpu_tooling.py)"),
 )
 ENV = {k: f"GPU_SUITE_{k.upper()}" for k in ("outcomes", "done", "test_seconds", "tma", "deadline", "reserve",
-                                              "order", "drop")}
+                                              "order", "drop", "shard")}
 TRACEBACK_LINES = 25
 #: the stacks of a hung test go to the process's stderr as it was before pytest captured it
 _STDERR = os.fdopen(os.dup(2), "w") if os.environ.get(ENV["test_seconds"]) else None
@@ -79,17 +84,18 @@ def pytest_collection_modifyitems(session, config, items):
     done = set(Path(os.environ[ENV["done"]]).read_text().split("\n")) if os.environ.get(ENV["done"]) else set()
     tma = os.environ.get(ENV["tma"])
     drop = [re.compile(p) for p in json.loads(os.environ.get(ENV["drop"], "[]"))]
-    kept = [item for item in items
-            if item.nodeid not in done and (tma is None or ("tma" in item.name.lower()) == (tma == "1"))]
+    kept = [item for item in items if tma is None or ("tma" in item.name.lower()) == (tma == "1")]
     dropped = [item.nodeid for item in kept if any(p.search(item.nodeid) for p in drop)]
     kept = [item for item in kept if item.nodeid not in dropped]
     if os.environ.get(ENV["order"]):
         prior = json.loads(Path(os.environ[ENV["order"]]).read_text())
         prior = {k: set(v) for k, v in prior.items()}
         kept.sort(key=lambda item: _rank(item.nodeid, prior))  # stable: collection order within each rank
+    shard, shards = (int(x) for x in os.environ.get(ENV["shard"], "0/1").split("/"))
+    kept = [item for item in kept[shard::shards] if item.nodeid not in done]  # the same share after a restart
     config.hook.pytest_deselected(items=[item for item in items if item not in kept])
     items[:] = kept
-    if dropped:
+    if dropped and shard == 0:  # one shard reports the group's left-out tests
         _record(dropped=dropped)
 
 
@@ -188,7 +194,7 @@ class Suite:
 
     def verdict(self, cut: str | None = None) -> str:
         rows, sections, tally = [], [], {"ran": 0, "bad": 0, "open": 0}
-        for grp in self.groups:
+        for grp in list(self.groups):  # shards' threads may add theirs meanwhile
             g = read_group(grp["path"])
             hung = grp["hung"]
             running = [n for n in g["running"] if n not in hung]
@@ -255,14 +261,44 @@ def _end(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+class Processes:
+    """The suite's running pytest processes (one per shard); after `stop()` none starts (a shard's thread that
+    finds its process ended by the stop must not restart it)."""
+
+    def __init__(self) -> None:
+        self._running: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        self.stopped = False
+
+    def start(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen | None:
+        with self._lock:
+            if self.stopped:
+                return None
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self._running.append(proc)
+            return proc
+
+    def ended(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._running.remove(proc)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            running = list(self._running)
+        for proc in running:
+            _end(proc)
+
+
 def _copy(stream, log) -> None:
     for line in stream:
         log(line)
 
 
 def run_group(suite: Suite, name: str, tma: bool, tests: list[str], deadline: float, reserve: float,
-              order: Path | None, drop: bool, log, procs: list) -> None:
-    """Run one group to its end (restarting after each hang) or to the deadline (time.time())."""
+              order: Path | None, drop: bool, log, procs: Processes, shard: tuple[int, int] = (0, 1)) -> None:
+    """Run one group (its shard i of n: every n-th test from the i-th) to its end (restarting after each hang)
+    or to the deadline (time.time())."""
     outcomes, done = suite.out / f"suite-{name}.jsonl", suite.out / f"suite-{name}.done"
     outcomes.unlink(missing_ok=True)
     done.write_text("")
@@ -271,6 +307,7 @@ def run_group(suite: Suite, name: str, tma: bool, tests: list[str], deadline: fl
     env = {**os.environ, ENV["outcomes"]: str(outcomes), ENV["done"]: str(done),
            ENV["test_seconds"]: str(suite.test_seconds), ENV["tma"]: str(int(tma)), ENV["deadline"]: str(deadline),
            ENV["reserve"]: str(reserve), ENV["drop"]: json.dumps([p for p, _ in DUPLICATES] if drop else []),
+           ENV["shard"]: f"{shard[0]}/{shard[1]}",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     if order is not None:
         env[ENV["order"]] = str(order)
@@ -282,8 +319,10 @@ def run_group(suite: Suite, name: str, tma: bool, tests: list[str], deadline: fl
             break
         log(f"$ {' '.join(cmd)}   # group {name}, {deadline - time.time():.0f}s left, "
             f"{suite.test_seconds:g}s per test\n")
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        procs[:] = [proc]
+        proc = procs.start(cmd, env)
+        if proc is None:  # the suite is being stopped
+            grp["state"] = "time up"
+            break
         reader = threading.Thread(target=_copy, args=(proc.stdout, log), daemon=True)
         reader.start()
         size, cut = -1, False
@@ -297,10 +336,14 @@ def run_group(suite: Suite, name: str, tma: bool, tests: list[str], deadline: fl
                 _end(proc)
                 cut = True
         reader.join(timeout=5)
+        procs.ended(proc)
         g = read_group(outcomes)
         new = [n for n in g["running"] if n not in grp["hung"]]
         if cut or g["stopped"]:
             grp["state"] = "time up"
+            break
+        if proc.returncode == -signal.SIGTERM or procs.stopped:  # a stage's limit reached pytest (timeout signals
+            grp["state"] = "cut"                                  # its whole group) before this driver's handler
             break
         if not new:
             grp["state"] = "ran to its end"
@@ -325,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prior", type=Path, action="append", default=[],
                    help="a previous run's jsonl: its failed and unfinished tests run first (repeatable)")
     p.add_argument("--drop-duplicates", action="store_true", help="leave out the tests of DUPLICATES")
+    p.add_argument("--shards", type=int, default=1, help="pytest processes per group, run at once (default 1)")
     p.add_argument("--verdict-copy", type=Path, action="append", default=[],
                    help="a folder that gets every rewrite of the verdict too (a call's $OUT; repeatable)")
     args = p.parse_args(argv)
@@ -333,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{name} must be > 0, got {value}")
     if args.reserve < 0:
         p.error(f"--reserve must be >= 0, got {args.reserve}")
+    if args.shards < 1:
+        p.error(f"--shards must be >= 1, got {args.shards}")
     for path in args.prior:
         if not path.is_file():
             p.error(f"--prior {path}: no such file")
@@ -347,26 +393,37 @@ def main(argv: list[str] | None = None) -> int:
     name = "-".join(g for g, _ in groups) if args.group else "all"
     for folder in args.verdict_copy:
         folder.mkdir(parents=True, exist_ok=True)
-    suite, procs = Suite(args.out, name, args.test_seconds, tuple(args.verdict_copy)), []
+    suite, procs = Suite(args.out, name, args.test_seconds, tuple(args.verdict_copy)), Processes()
+    logging = threading.Lock()
     with open(args.out / f"suite-{name}.log", "w") as log_file:
 
         def log(text: str) -> None:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            log_file.write(text)
-            log_file.flush()
+            with logging:  # the shards' readers write whole lines
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                log_file.write(text)
+                log_file.flush()
 
         def on_sigterm(signum, frame):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            for proc in procs:
-                _end(proc)
+            procs.stop()
             suite.write(cut="SIGTERM (the stage's outer time limit)")
             log("[gpu_suite] SIGTERM: pytest ended, verdict written\n")
             os._exit(143)
 
         signal.signal(signal.SIGTERM, on_sigterm)
         for group, tma in groups:
-            run_group(suite, group, tma, tests, deadline, args.reserve, order, args.drop_duplicates, log, procs)
+            if args.shards == 1:
+                run_group(suite, group, tma, tests, deadline, args.reserve, order, args.drop_duplicates, log, procs)
+                continue
+            threads = [threading.Thread(target=run_group, args=(
+                suite, f"{group}.{i}", tma, tests, deadline, args.reserve, order, args.drop_duplicates, log, procs,
+                (i, args.shards))) for i in range(args.shards)]
+            for thread in threads:
+                thread.start()
+            while any(thread.is_alive() for thread in threads):  # joined in steps: SIGTERM runs in this thread
+                for thread in threads:
+                    thread.join(timeout=0.25)
         suite.write()
     print((args.out / f"suite-{name}-verdict.md").read_text())
     return 0 if suite.all_ran_and_none_failed() else 1

@@ -160,8 +160,11 @@ def test_rehearsal_keeps_every_table_when_a_test_fails_and_a_case_hangs(tmp_path
                 GPU_SUITE_TESTS=str(tmp_path / "test_injected.py"), OMP_NUM_THREADS="1", TIME_SCALE=str(4 * slow))
     assert out.returncode == 1, out.stderr[-3000:]
     core = (res / "suite-core-verdict.md").read_text()
-    assert "NOT green" in core and "| core | 1 | 1 | 0 | 1 | 0 | 0 | 0 | ran to its end |" in core, core
-    assert "test_injected_failure" in core and f"hung (core, over {2 * slow} s): `" in core
+    shards = [line.split("|")[1:-1] for line in core.splitlines() if line.startswith("| core.")]
+    assert len(shards) == 3 and all(cells[-1].strip() == "ran to its end" for cells in shards), core  # 3 shards
+    totals = [sum(int(cells[k]) for cells in shards) for k in range(1, 8)]
+    assert "NOT green" in core and totals == [1, 1, 0, 1, 0, 0, 0], core  # passed, failed, skipped, hung, ...
+    assert "test_injected_failure" in core and f"over {2 * slow} s): `" in core
     assert "test_injected_hang`" in core
     assert "AssertionError: injected" in core and "test_injected_tma_variant" not in core
     assert f"Timeout ({timedelta(seconds=3 * slow)})" in (res / "decisive-trl.log").read_text()
@@ -466,3 +469,62 @@ def test_a_call_killed_mid_profile_still_leaves_its_finished_runs_in_out(tmp_pat
     assert first["path"] == "ours-packed"
     assert "| phase | ours-packed |" in (out / "profile.md").read_text()
     assert "| ours-packed |" in (out / "trainer_e2e.md").read_text()
+
+
+def _finished_in_shards(tmp_path) -> list[str]:
+    rows = []
+    for path in sorted((tmp_path / "out").glob("suite-core.*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines()]
+    return [r["finish"] for r in rows if "finish" in r]
+
+
+def test_shards_run_every_test_once_side_by_side(tmp_path):
+    """--shards 3: three pytest processes at once, each every third test of the group's order; together they
+    run each test exactly once, and the verdict has a row per shard and the planted failure."""
+    cmd = _suite_cmd(tmp_path, "--seconds", "600", "--shards", "3", sleep=0.01)
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    verdict, ran = _verdict(tmp_path)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    finished = _finished_in_shards(tmp_path)
+    assert sorted(finished) == sorted(set(finished)) and len(finished) == 44 and len(ran) == 44
+    assert all(f"| core.{i} | " in verdict for i in range(3)) and "AssertionError: planted: two is not three" in verdict
+    assert verdict.startswith("# GPU suite verdict: NOT green"), verdict
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout not installed")
+def test_sharded_verdict_survives_the_stages_outer_limit(tmp_path):
+    """Three shards cut by the outer `timeout` mid-suite: the verdict lists every test any shard finished, says
+    it was cut, and no shard's pytest outlives the driver."""
+    cmd = _suite_cmd(tmp_path, "--seconds", "600", "--shards", "3", sleep=0.5)
+    proc = subprocess.Popen(["timeout", "--kill-after=5", "300", *cmd], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while len(_finished_in_shards(tmp_path)) < 8 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGALRM)
+    out, err = proc.communicate(timeout=60)
+    verdict, ran = _verdict(tmp_path)
+    assert proc.returncode == 124, out[-2000:] + err[-2000:]
+    assert "cut: SIGTERM" in verdict and "AssertionError: planted: two is not three" in verdict, verdict
+    finished = _finished_in_shards(tmp_path)
+    assert 8 <= len(finished) < 44 and sorted(line.split("`")[1] for line in ran) == sorted(finished)
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "test_cut.py")], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout
+
+
+def test_a_shard_restarted_after_a_hang_keeps_its_share(tmp_path):
+    """A shard whose test hangs restarts without the tests it ran and the hung one, and runs only the rest of its
+    own share: across two shards each test ends exactly once (the TMA variant is not in the core group)."""
+    (tmp_path / "test_injected.py").write_text(INJECTED_TESTS)
+    slow = slowdown()
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_suite.py"), "--out", str(tmp_path / "out"), "--group", "core",
+           "--test-seconds", str(2 * slow), "--seconds", "600", "--shards", "2", "--tests",
+           str(tmp_path / "test_injected.py")]
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120 + 30 * slow,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    verdict = (tmp_path / "out" / "suite-core-verdict.md").read_text()
+    ended = sorted(n.split("::")[-1] for n in _finished_in_shards(tmp_path))
+    assert ended == ["test_injected_after_the_hang", "test_injected_failure"], ended  # each once, the hang apart
+    assert verdict.count("hung (core.") == 1 and "test_injected_tma_variant" not in verdict, verdict
