@@ -69,8 +69,9 @@ CALLS = {
 #: gpu/interpret-marked tests (pytest --collect-only): all, the experimental (TMA) ones among them, and the core
 #: ones the session leaves out as duplicates (gpu_suite.DUPLICATES); measured seconds a test on the H200
 SUITE_TESTS, SUITE_TMA_TESTS, SUITE_DUPLICATES, SUITE_TEST_S, SUITE_TEST_LIMIT_S = 514, 12, 50, 0.68, 60
-#: the suite's order: the tests that failed or never finished in this run go first
-SUITE_PRIOR = "bench/results/gpu-runs/2026-11-28-h200/run1/suite-core.jsonl"
+#: the suite's order: the tests that failed or never finished in this run go first (its jsonl files: one per
+#: shard from a sharded run, suite-core.0.jsonl ...)
+SUITE_PRIOR = ("bench/results/gpu-runs/2026-11-28-h200/run1/suite-core.jsonl",)
 #: measured on the H200 (2026-11-27, 2026-11-28): a path's process start, model build, warm-up and 3 steps took
 #: 35-45 s; the race of the trainer issue: ours packed against stock TRL (the reference path was measured)
 E2E_PATHS, E2E_PATH_S = ("ours-packed", "trl"), 40.0
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"find-max-seconds needs the stage's seconds, got {a.name!r}")
         print(find_max_seconds(int(a.name)))
     elif a.what == "value":
-        values = {"e2e-paths": ",".join(E2E_PATHS), "suite-prior": SUITE_PRIOR}
+        values = {"e2e-paths": ",".join(E2E_PATHS), "suite-prior": " ".join(SUITE_PRIOR)}
         if a.name not in values:
             p.error(f"value needs one of {', '.join(values)}")
         print(values[a.name])

@@ -116,8 +116,9 @@ triton.__version__, 'gpu', torch.cuda.is_available())"
 
 suite() {  # suite GROUP SECONDS: the suite stops itself 10 s inside the stage's limit, verdict written
     local prior=() dup=() prior_file
-    prior_file=$("$PY" bench/gpu_plan.py value suite-prior)
-    [[ $1 == core && -f $prior_file ]] && prior=(--prior "$prior_file")
+    for prior_file in $("$PY" bench/gpu_plan.py value suite-prior); do  # the last GPU run's jsonl (one per shard)
+        [[ $1 == core && -f $prior_file ]] && prior+=(--prior "$prior_file")
+    done
     [[ $1 == core ]] && dup=(--drop-duplicates)
     logged "suite-$1-run" "$2" "$PY" bench/gpu_suite.py --out "$RESULTS" --group "$1" --seconds "$(($2 - 10))" \
         --test-seconds "$TEST_SECONDS" --shards "$SUITE_SHARDS" --verdict-copy "$OUT" "${prior[@]}" "${dup[@]}"
