@@ -82,7 +82,7 @@ def test_the_whole_core_suite_as_collected_fits_run1():
     ids = [line for line in run.stdout.splitlines() if "::" in line]
     tma = [i for i in ids if "tma" in i.split("::")[-1].lower()]
     dropped = [i for i in ids if any(re.search(p, i) for p, _ in suite.DUPLICATES)]
-    assert len(tma) == plan.SUITE_TMA_TESTS and len(dropped) == plan.SUITE_DUPLICATES
+    assert (len(ids), len(tma), len(dropped)) == (plan.SUITE_TESTS, plan.SUITE_TMA_TESTS, plan.SUITE_DUPLICATES)
     core = len(ids) - len(tma) - len(dropped)
     assert core * plan.SUITE_TEST_S <= dict(plan.CALLS["run1"][1])["suite"] - 10, core
     assert plan.SUITE_PRIOR and all((ROOT / path).is_file() for path in plan.SUITE_PRIOR)

@@ -26,7 +26,7 @@ import torch
 from _gpu import CUDA_ONLY, DEVICES, on
 from _packed_noise import assert_within_noise, float64_reference, layout_grads
 from _trainer_fixtures import make_items
-from test_packed_attention import _model
+from test_packed_attention import WINDOW, _model
 
 FLASH = importlib.util.find_spec("flash_attn") is not None
 #: the smallest head dimension every CUDA attention kernel here takes (flex's needs >= 16)
@@ -35,6 +35,8 @@ ATTENTION = [
     on("cpu", "sdpa", id="cpu-sdpa"), on("cpu", "eager", id="cpu-eager"),
     on("cuda", "sdpa", id="cuda-sdpa"), on("cuda", "eager", id="cuda-eager"),
     on("cpu", "sdpa_varlen", id="cpu-sdpa-varlen"), on("cuda", "sdpa_varlen", id="cuda-sdpa-varlen"),
+    on("cpu", "sdpa_varlen-window", id="cpu-sdpa-varlen-window"),
+    on("cuda", "sdpa_varlen-window", id="cuda-sdpa-varlen-window"),
     on("cuda", "flex_attention", id="cuda-flex"),
     pytest.param("cuda", "flash_attention_2", id="cuda-flash2",
                  marks=(*CUDA_ONLY, pytest.mark.skipif(not FLASH, reason="needs flash-attn"))),
@@ -55,11 +57,17 @@ def _close(got: dict, want: dict, tol: float) -> None:
 
 @pytest.mark.parametrize(("device", "attn"), ATTENTION)
 def test_packed_equals_padded(device, attn):
-    """Several micro-batches; bf16 weights on CUDA (flash-attention needs half precision), fp32 on the CPU."""
+    """Several micro-batches; bf16 weights on CUDA (flash-attention needs half precision), fp32 on the CPU.
+    `sdpa_varlen-window`: a sliding window of 8 tokens on every layer, binding in the longer sequences (on CUDA
+    the flash varlen kernel's window_size)."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = _model("qwen2", "sdpa" if attn in ("auto", "sdpa_varlen") else attn, **NARROWEST)
+    window = WINDOW if attn.endswith("-window") else {}
+    attn = attn.removesuffix("-window")
+    model = _model("qwen2", "sdpa" if attn in ("auto", "sdpa_varlen") else attn, **NARROWEST, **window)
     model = model.to(device=device, dtype=dtype)
     items = make_items(8, seed=7)
+    if window:
+        assert max(len(it.input_ids) for it in items) > WINDOW["sliding_window"]
     how = "auto" if attn in ("auto", "flex_attention", "flash_attention_2") else "mask"
     how = "sdpa_varlen" if attn == "sdpa_varlen" else how
     grads = {layout: layout_grads(copy.deepcopy(model), items, device, layout=layout, body_kernels=False,
