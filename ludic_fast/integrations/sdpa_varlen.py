@@ -37,14 +37,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.varlen import varlen_attn  # PyTorch's flash-attention varlen entry point
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward, use_gqa_in_sdpa
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-try:  # PyTorch's flash-attention varlen entry point (torch >= 2.10; window_size, so causal, from 2.11)
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # pragma: no cover - torch < 2.10
-    varlen_attn = None
 
 #: the attention implementation name (`config._attn_implementation`); contains "sdpa" so that transformers
 #: checks the model supports SDPA when it is set
@@ -53,7 +49,8 @@ SDPA_VARLEN = "ludic_sdpa_varlen"
 _UNSUPPORTED = ("softcap", "s_aux")
 #: use_gqa_in_sdpa takes (attention_mask, key) in transformers 5.10 and (attention_mask, key, value) by 5.17
 _GQA_ARITY = len(inspect.signature(use_gqa_in_sdpa).parameters)
-_VARLEN_PARAMS = inspect.signature(varlen_attn).parameters if varlen_attn is not None else {}
+#: its keywords: `window_size` (so causal) from torch 2.11, `enable_gqa` in later releases
+_VARLEN_PARAMS = inspect.signature(varlen_attn).parameters
 #: the head dimensions PyTorch's flash kernel takes (multiples of 8 up to 256)
 FLASH_HEAD_DIMS = range(8, 257, 8)
 
