@@ -368,9 +368,10 @@ def run_path(args: argparse.Namespace, path: str) -> dict:
             "attention": attention_implementation(model)}  # as run: the packed path may have moved it
 
 
-def _child(args: argparse.Namespace, path: str, seqs: int | None = None) -> dict:
-    """Run one path in a fresh process; {"skipped": reason} when it cannot run here or runs out of memory, and
-    {"skipped": "failed: ...", "failed": True} when it fails otherwise (the run goes on with the next path)."""
+def _child(args: argparse.Namespace, path: str, seqs: int | None = None, timeout: float | None = None) -> dict:
+    """Run one path in a fresh process; {"skipped": reason} when it cannot run here or runs out of memory,
+    {"skipped": "failed: ...", "failed": True} when it fails otherwise (the run goes on with the next path), and
+    {"skipped": "time cap", "time_cap": True} when it is still running after `timeout` seconds (then killed)."""
     reason = skip_reason(args, path)
     if reason is not None:
         return {"path": path, "skipped": reason}
@@ -379,7 +380,11 @@ def _child(args: argparse.Namespace, path: str, seqs: int | None = None) -> dict
     if seqs is not None:
         argv += ["--seqs", str(seqs)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    proc = subprocess.run([sys.executable, __file__, *argv, "--run", path], capture_output=True, text=True, env=env)
+    try:
+        proc = subprocess.run([sys.executable, __file__, *argv, "--run", path], capture_output=True, text=True,
+                              env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"path": path, "skipped": "time cap", "time_cap": True}
     line = next((x for x in proc.stdout.splitlines() if x.startswith(RESULT_PREFIX)), None)
     if line is None:
         err = proc.stderr.strip()
@@ -395,16 +400,20 @@ def _largest_fit(args: argparse.Namespace, path: str, first: dict, deadline: flo
     """The largest sequences per step the path fits: from --seqs, double (on CUDA, once two peaks are known,
     jump to where the peak memory, linear in the sequences, reaches 97 % of the device's), then bisect between
     the last fit and the first failure until they are within an eighth of the fit; stop at the
-    --find-max-seconds deadline (time.monotonic): the largest that ran, '>= n' when cut by the deadline."""
+    --find-max-seconds deadline (time.monotonic), an attempt still running then ended: the largest that ran,
+    '>= n' when cut by the deadline."""
     if "skipped" in first:
         return None
     fit, fail = args.seqs, None
     peaks = {args.seqs: first.get("peak_bytes")}
     while fail is None or fail - fit > max(1, fit // 8):
-        if time.monotonic() >= deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             return f">= {fit} (time cap)"
         trial = (fit + fail) // 2 if fail is not None else _predicted_fit(peaks, first.get("capacity_bytes"), fit)
-        row = _child(args, path, trial)
+        row = _child(args, path, trial, timeout=left)  # an attempt past the deadline is ended there
+        if row.get("time_cap"):
+            return f">= {fit} (time cap)"
         if "skipped" in row:
             fail = trial
         else:

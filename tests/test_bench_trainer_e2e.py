@@ -318,3 +318,34 @@ def test_trl_fast_path_runs_fast_grpo_trainer_on_the_same_batch(monkeypatch):
     (stock, trl_loss), (fast, fast_loss) = seen[0], seen[-1]
     assert (stock, fast) == ("GRPOTrainer", "FastGRPOTrainer")
     assert fast_loss == pytest.approx(trl_loss, rel=1e-5)
+
+
+def test_find_max_ends_an_attempt_still_running_at_its_share(tmp_path, monkeypatch):
+    """An attempt still running when the path's share of --find-max-seconds ends is ended there (the child gets
+    the time left as its timeout), so one slow attempt cannot eat the next path's share."""
+    import subprocess
+
+    bench = _bench()
+    timeouts = []
+
+    def run(cmd, **kw):
+        path = cmd[cmd.index("--run") + 1]
+        if kw.get("timeout") is not None:  # a find-max attempt
+            timeouts.append((path, kw["timeout"]))
+            if path == "ours-packed":
+                raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+            if int(cmd[len(cmd) - 1 - cmd[::-1].index("--seqs") + 1]) > 64:
+                return subprocess.CompletedProcess(cmd, 1, "", "torch.OutOfMemoryError: CUDA out of memory")
+        row = {"path": path, "median_s": 0.5, "min_s": 0.4, "tokens": 8, "tokens_per_s": 16.0, "peak_bytes": 2**30,
+               "estimate_bytes": None}
+        return subprocess.CompletedProcess(cmd, 0, bench.RESULT_PREFIX + json.dumps(row) + "\n", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    argv = ["--paths", "ours-packed,reference", "--seqs", "2", "--find-max", "--find-max-seconds", "100",
+            "--json", str(tmp_path / "rows.json")]
+    assert bench.main(argv) == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert rows[0]["max_seqs"] == ">= 2 (time cap)" and rows[1]["max_seqs"] == "64"  # its first attempt ran past
+    # its share; reference then searched in the rest
+    assert timeouts[0][0] == "ours-packed" and 0 < timeouts[0][1] <= 50  # about half of the 100 s
+    assert all(0 < t <= 100 for _, t in timeouts) and any(p == "reference" for p, _ in timeouts)
