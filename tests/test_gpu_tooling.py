@@ -335,11 +335,28 @@ def _verdict(tmp_path) -> tuple[str, list[str]]:
     return verdict, [line for line in verdict.splitlines() if line.startswith(("- passed ", "- failed "))]
 
 
-def _finished(tmp_path) -> list[str]:
-    """The tests the suite's jsonl has as finished, in order."""
-    path = tmp_path / "out" / "suite-core.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+def _finished(tmp_path, jsonl: str = "suite-core.jsonl") -> list[str]:
+    """The tests the suite's jsonl files (`jsonl`, a glob: "suite-core.*.jsonl" for the shards') have as
+    finished, in order within each file."""
+    rows = []
+    for path in sorted((tmp_path / "out").glob(jsonl)):
+        rows += [json.loads(line) for line in path.read_text().splitlines()]
     return [r["finish"] for r in rows if "finish" in r]
+
+
+def _cut_by_outer_timeout(tmp_path, cmd: list[str], finished: int, jsonl: str) -> tuple[int, str, str]:
+    """Run the suite `cmd` under `timeout` as bench/gpu_session.sh runs a stage, and cut it once `finished`
+    tests finished (`_finished(tmp_path, jsonl)`), by SIGALRM to `timeout`, the signal of its own expiry (GNU
+    timeout: exit 124, SIGTERM to the child and its group): no wall-clock guess of the machine's speed sets
+    when the cut lands. (returncode, stdout, stderr)."""
+    proc = subprocess.Popen(["timeout", "--kill-after=5", "300", *cmd], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while len(_finished(tmp_path, jsonl)) < finished and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGALRM)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
 
 
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout not installed")
@@ -347,20 +364,11 @@ def test_verdict_survives_the_stages_outer_limit(tmp_path):
     """The suite's own --seconds is far off; the outer `timeout` (SIGTERM to the process group) cuts it
     mid-suite. The verdict written then (also in the --verdict-copy folder) names the planted failure with its
     message and traceback line, lists every test that finished (as the jsonl has them) and the tests that
-    never ran, and says it was cut. The cut comes once 5 tests finished (the 4 quick ones and a slow one), by
-    SIGALRM to `timeout`, the signal of its own expiry (GNU timeout: exit 124, SIGTERM to the child and its
-    group), so no wall-clock guess of the machine's speed sets when the cut lands."""
+    never ran, and says it was cut. The cut comes once 5 tests finished (the 4 quick ones and a slow one)."""
     cmd = _suite_cmd(tmp_path, "--seconds", "600", sleep=0.5)
-    proc = subprocess.Popen(["timeout", "--kill-after=5", "300", *cmd],  # as bench/gpu_session.sh runs a stage
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 120
-    while len(_finished(tmp_path)) < 5 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGALRM)
-    out, err = proc.communicate(timeout=60)
+    returncode, out, err = _cut_by_outer_timeout(tmp_path, cmd, 5, "suite-core.jsonl")
     verdict, ran = _verdict(tmp_path)
-    assert proc.returncode == 124, out[-2000:] + err[-2000:]
+    assert returncode == 124, out[-2000:] + err[-2000:]
     assert verdict.startswith("# GPU suite verdict: NOT green") and "cut: SIGTERM" in verdict, verdict
     assert "### failed (core, call): `" in verdict and "AssertionError: planted: two is not three" in verdict
     assert "assert two == 3" in verdict  # the traceback's lines
@@ -471,13 +479,6 @@ def test_a_call_killed_mid_profile_still_leaves_its_finished_runs_in_out(tmp_pat
     assert "| ours-packed |" in (out / "trainer_e2e.md").read_text()
 
 
-def _finished_in_shards(tmp_path) -> list[str]:
-    rows = []
-    for path in sorted((tmp_path / "out").glob("suite-core.*.jsonl")):
-        rows += [json.loads(line) for line in path.read_text().splitlines()]
-    return [r["finish"] for r in rows if "finish" in r]
-
-
 def test_shards_run_every_test_once_side_by_side(tmp_path):
     """--shards 3: three pytest processes at once, each every third test of the group's order; together they
     run each test exactly once, and the verdict has a row per shard and the planted failure."""
@@ -486,7 +487,7 @@ def test_shards_run_every_test_once_side_by_side(tmp_path):
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     verdict, ran = _verdict(tmp_path)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
-    finished = _finished_in_shards(tmp_path)
+    finished = _finished(tmp_path, "suite-core.*.jsonl")
     assert sorted(finished) == sorted(set(finished)) and len(finished) == 44 and len(ran) == 44
     assert all(f"| core.{i} | " in verdict for i in range(3)) and "AssertionError: planted: two is not three" in verdict
     assert verdict.startswith("# GPU suite verdict: NOT green"), verdict
@@ -497,17 +498,11 @@ def test_sharded_verdict_survives_the_stages_outer_limit(tmp_path):
     """Three shards cut by the outer `timeout` mid-suite: the verdict lists every test any shard finished, says
     it was cut, and no shard's pytest outlives the driver."""
     cmd = _suite_cmd(tmp_path, "--seconds", "600", "--shards", "3", sleep=0.5)
-    proc = subprocess.Popen(["timeout", "--kill-after=5", "300", *cmd], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 120
-    while len(_finished_in_shards(tmp_path)) < 8 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGALRM)
-    out, err = proc.communicate(timeout=60)
+    returncode, out, err = _cut_by_outer_timeout(tmp_path, cmd, 8, "suite-core.*.jsonl")
     verdict, ran = _verdict(tmp_path)
-    assert proc.returncode == 124, out[-2000:] + err[-2000:]
+    assert returncode == 124, out[-2000:] + err[-2000:]
     assert "cut: SIGTERM" in verdict and "AssertionError: planted: two is not three" in verdict, verdict
-    finished = _finished_in_shards(tmp_path)
+    finished = _finished(tmp_path, "suite-core.*.jsonl")
     assert 8 <= len(finished) < 44 and sorted(line.split("`")[1] for line in ran) == sorted(finished)
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "test_cut.py")], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout
@@ -525,6 +520,6 @@ def test_a_shard_restarted_after_a_hang_keeps_its_share(tmp_path):
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     verdict = (tmp_path / "out" / "suite-core-verdict.md").read_text()
-    ended = sorted(n.split("::")[-1] for n in _finished_in_shards(tmp_path))
+    ended = sorted(n.split("::")[-1] for n in _finished(tmp_path, "suite-core.*.jsonl"))
     assert ended == ["test_injected_after_the_hang", "test_injected_failure"], ended  # each once, the hang apart
     assert verdict.count("hung (core.") == 1 and "test_injected_tma_variant" not in verdict, verdict
