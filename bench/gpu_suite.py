@@ -413,12 +413,10 @@ def main(argv: list[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, on_sigterm)
         for group, tma in groups:
-            if args.shards == 1:
-                run_group(suite, group, tma, tests, deadline, args.reserve, order, args.drop_duplicates, log, procs)
-                continue
+            names = [group] if args.shards == 1 else [f"{group}.{i}" for i in range(args.shards)]
             threads = [threading.Thread(target=run_group, args=(
-                suite, f"{group}.{i}", tma, tests, deadline, args.reserve, order, args.drop_duplicates, log, procs,
-                (i, args.shards))) for i in range(args.shards)]
+                suite, name, tma, tests, deadline, args.reserve, order, args.drop_duplicates, log, procs,
+                (i, args.shards))) for i, name in enumerate(names)]
             for thread in threads:
                 thread.start()
             while any(thread.is_alive() for thread in threads):  # joined in steps: SIGTERM runs in this thread

@@ -365,8 +365,8 @@ def collate_saw_items(
            "action_mask": torch.from_numpy(action_mask), **_sequence_tensors(items, None, group_index, macro),
            ACTION_ROWS: rows}
     if "old_logp_action" in out:
-        actor = np.zeros((B, T), dtype=np.float32)
-        actor[action_mask > 0] = _flat(items, _ACTOR_LOGPS, np.float32, int((action_mask > 0).sum()))
+        actor, acting = np.zeros((B, T), dtype=np.float32), action_mask > 0
+        actor[acting] = _flat(items, _ACTOR_LOGPS, np.float32, int(acting.sum()))
         out["actor_logps"] = torch.from_numpy(actor)
     out = _to_device(out, device)
     attach_action_rows(out, out[ACTION_ROWS], bounds)
@@ -400,8 +400,8 @@ def collate_packed(
         **_sequence_tensors(items, None, group_index, macro),
     }
     if "old_logp_action" in out:
-        actor = np.zeros(total, dtype=np.float32)
-        actor[action_mask > 0] = _flat(items, _ACTOR_LOGPS, np.float32, int((action_mask > 0).sum()))
+        actor, acting = np.zeros(total, dtype=np.float32), action_mask > 0
+        actor[acting] = _flat(items, _ACTOR_LOGPS, np.float32, int(acting.sum()))
         out["actor_logps"] = torch.from_numpy(actor)[None]
     rows, bounds = _host_action_rows(input_ids, action_mask, starts)
     out = _to_device({**out, ACTION_ROWS: rows}, device)
