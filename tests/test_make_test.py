@@ -1,5 +1,6 @@
 """tools/make_test.sh (`make test`): its lanes run every stage even after one fails, each line prefixed with its
-lane; a failed stage, a failed venv build or a lane that ends abnormally fails the whole run, named in its last line.
+lane; a failed stage, a failed venv build or a lane that ends abnormally fails the whole run, named in its last line,
+after each failed stage's last lines.
 Run here with stand-ins for the venvs' pythons and for make."""
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def test_a_failure_anywhere_fails_the_run_and_the_other_stages_still_run(tmp_pat
     last = run.stdout.splitlines()[-1]
     assert set(last.split("failed:")[1].split()) == set(named.split()), last
     assert "[vllm] ran verl:" in run.stdout and "[kernels] ran t36: -m pytest -n 2" in run.stdout  # the rest ran
+    lines = run.stdout.splitlines()
+    for stage in set(named.split()) - {"services"}:  # each failed stage's output again at the end, before the verdict
+        again = lines.index(f"== make test: the last lines of {stage} (build/stage-{stage}.log):")
+        assert lines[again + 1].startswith(f"[{stage}] "), lines[again:]
 
 
 def test_a_venv_that_does_not_build_skips_the_unit_stage_and_the_kernels_lane(tmp_path):

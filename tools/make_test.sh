@@ -9,7 +9,8 @@
 #   services    verifiers 0.4's tests (.venv-verifiers), then the other vLLM tests (vllm-engine: engine, servers)
 # The vLLM and verifiers tests keep about one core busy (process starts, served models), the kernels lane two: one
 # after another they left a core idle for most of their ~370 s, and the vLLM tests alone were the longest lane.
-# Every stage runs even after one fails, each prints its time, and the exit status is 1 if any failed.
+# Every stage runs even after one fails, each prints its time, and the exit status is 1 if any failed; the last lines
+# of each failed stage are printed again at the end (a CI log shows its tail).
 set -u
 : "${PY:?} ${XDIST:?} ${INTERPRET_SMOKE:?} ${SUBMAKE:?} ${STAMP:?}"
 : "${TRITON36_PY:?} ${TRITON36_STAMP:?} ${VERL_PY:?} ${VERL_STAMP:?} ${VLLM_PY:?} ${VLLM_VENV:?} ${VLLM_STAMP:?}"
@@ -18,13 +19,14 @@ set -u
 status=0 failed=""
 mkdir -p build
 : > build/venvs.log
-rm -f build/built-* build/lane-*.failed
+rm -f build/built-* build/lane-*.failed build/stage-*.log
 
-stage() {  # stage NAME COMMAND...: runs it, prints its time, records a failure
+stage() {  # stage NAME COMMAND...: runs it, prints its time, records a failure; its output also in build/stage-NAME.log
     local name=$1 t=$SECONDS rc=0
     shift
     echo "== make test: $name"
-    "$@" || rc=$?
+    { "$@"; } > >(tee "build/stage-$name.log") 2>&1 || rc=$?
+    wait $!  # tee's last lines before the stage's time
     [ $rc = 0 ] || { status=1; failed="$failed $name"; }
     echo "== make test: $name took $((SECONDS - t)) s"
     return $rc
@@ -103,5 +105,10 @@ for lane in $lanes; do  # a lane that left no file ended abnormally
     failed="$failed$(cat "build/lane-$lane.failed" 2>/dev/null || echo " $lane")"
 done
 [ -z "$failed" ] || status=1
+for name in $failed; do  # each failure's own summary again at the end, where a log's tail shows it
+    [ -e "build/stage-$name.log" ] || continue
+    echo "== make test: the last lines of $name (build/stage-$name.log):"
+    tail -n 40 "build/stage-$name.log" | sed "s/^/[$name] /"
+done
 echo "== make test: $SECONDS s in all; failed:${failed:- none}"
 exit $status
