@@ -57,6 +57,7 @@ pins = $(shell cat $(1) | sha256sum | cut -c1-16)
 stale = $(if $(filter $(2),$(shell cat $(1) 2>/dev/null)),,FORCE)
 PINS        := $(call pins,pyproject.toml setup.py)
 PINS_OLDEST := $(call pins,pyproject.toml setup.py tests/constraints-oldest.txt)
+PINS_VERIFIERS := $(call pins,pyproject.toml setup.py tools/harness_wheels.py)
 # `pip install -e .` rewrites ludic_fast.egg-info in the tree: venvs built at once (make test) take turns there
 EDITABLE := mkdir -p build && flock build/pip-editable.lock
 # pip compiles every module it installs to bytecode: ~40 CPU-s for .venv-verl's or .venv-verifiers' 16-18k files,
@@ -94,11 +95,12 @@ $(VLLM_STAMP): $(call stale,$(VLLM_STAMP),$(PINS))
 
 # verifiers 0.4.0 pins mcp 2 and 0.3.1 (in .venv) mcp < 2: 0.4's tests run here (tests/test_verifiers_v04.py), with
 # uv, which verifiers uses to prepare its harness program. Where pip cannot install verifiers 0.4.0,
-# .venv-verifiers/no-verifiers says so and those tests skip (make test) instead of failing.
+# .venv-verifiers/no-verifiers says so and those tests skip (make test) instead of failing. The wheels of the `null`
+# harness program (tools/harness_wheels.py, in .venv-verifiers/harness) let make test prepare it without the network.
 VERIFIERS_VENV  ?= .venv-verifiers
 VERIFIERS_PY    := $(VERIFIERS_VENV)/bin/python
 VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed-stamp
-$(VERIFIERS_STAMP): $(call stale,$(VERIFIERS_STAMP),$(PINS))
+$(VERIFIERS_STAMP): $(call stale,$(VERIFIERS_STAMP),$(PINS_VERIFIERS))
 	test -x $(VERIFIERS_PY) || python3 -m venv $(VERIFIERS_VENV)
 	$(VERIFIERS_PY) -m pip install -q --upgrade pip
 	$(VERIFIERS_PY) -m pip install -q --no-compile torch==2.13.0
@@ -106,7 +108,8 @@ $(VERIFIERS_STAMP): $(call stale,$(VERIFIERS_STAMP),$(PINS))
 	  rm -f $(VERIFIERS_VENV)/no-verifiers; \
 	else echo "pip could not install verifiers 0.4.0 here" | tee $(VERIFIERS_VENV)/no-verifiers >&2; \
 	  $(EDITABLE) $(VERIFIERS_PY) -m pip install -q --no-compile -e . pytest pytest-timeout; fi
-	echo $(PINS) > $(VERIFIERS_STAMP)
+	test -e $(VERIFIERS_VENV)/no-verifiers || $(VERIFIERS_PY) tools/harness_wheels.py $(VERIFIERS_VENV)/harness
+	echo $(PINS_VERIFIERS) > $(VERIFIERS_STAMP)
 
 # triton 3.6.0 (the GPU image's, the floor) with torch and numpy, and only what the kernel compile test and the
 # interpreter suite import: the project itself without its other dependencies

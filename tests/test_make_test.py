@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,16 @@ def test_a_venv_that_does_not_build_skips_the_unit_stage_and_the_kernels_lane(tm
     run = _run(tmp_path, fail_build="main-stamp")
     assert run.returncode == 1 and "[kernels]" not in run.stdout and "ran main:" not in run.stdout
     assert "[vllm] ran verl:" in run.stdout and run.stdout.splitlines()[-1].endswith("failed: venv")
+
+
+def test_harness_wheels_reads_the_programs_pep_723_dependencies():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from harness_wheels import script_dependencies
+    finally:
+        sys.path.pop(0)
+    program = '#!/usr/bin/env python\n# /// script\n# requires-python = ">=3.10"\n' \
+              '# dependencies = ["openai", "mcp==2.0.0"]\n# ///\nimport mcp\n'
+    assert script_dependencies(program) == ["openai", "mcp==2.0.0"]
+    with pytest.raises(ValueError, match="no '# /// script' block"):
+        script_dependencies("import mcp\n")

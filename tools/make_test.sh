@@ -6,7 +6,8 @@
 # of output prefixed with its lane's name:
 #   kernels     the interpreter smoke (.venv's triton), the kernel compile test and the interpreter suite (triton 3.6)
 #   vllm        verl's tests (.venv-verl), then vLLM's ludic-fast runs (vllm-runs: VLLM_RUNS, in .venv-vllm)
-#   services    verifiers 0.4's tests (.venv-verifiers), then the other vLLM tests (vllm-engine: engine, servers)
+#   services    verifiers 0.4's tests (.venv-verifiers; uv prepares its harness program from the venv's local wheels,
+#               tools/harness_wheels.py), then the other vLLM tests (vllm-engine: engine, servers)
 # The vLLM and verifiers tests keep about one core busy (process starts, served models), the kernels lane two: one
 # after another they left a core idle for most of their ~370 s, and the vLLM tests alone were the longest lane.
 # Every stage runs even after one fails, each prints its time, and the exit status is 1 if any failed; the last lines
@@ -72,7 +73,8 @@ vllm_lane() {
 
 services_lane() {
     if stage venv-verifiers built verifiers; then
-        stage verifiers-0.4 env PATH="$PWD/$VERIFIERS_VENV/bin:$PATH" \
+        stage verifiers-0.4 env PATH="$PWD/$VERIFIERS_VENV/bin:$PATH" UV_FIND_LINKS="$PWD/$VERIFIERS_VENV/harness/wheels" \
+            UV_DEFAULT_INDEX="file://$PWD/$VERIFIERS_VENV/harness/empty-index" \
             LUDIC_FAST_REQUIRE_VERIFIERS="$(test -e "$VERIFIERS_VENV/no-verifiers" && echo 0 || echo 1)" \
             "$VERIFIERS_PY" -m pytest -q -rfEs tests/test_verifiers_v04.py
     fi
