@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "make_test.sh"
 VENVS = {"PY": "main", "TRITON36_PY": "t36", "VERL_PY": "verl", "VLLM_PY": "vllm", "VERIFIERS_PY": "vf"}
@@ -86,11 +86,7 @@ def test_a_venv_that_does_not_build_skips_the_unit_stage_and_the_kernels_lane(tm
 
 
 def test_harness_wheels_reads_the_programs_pep_723_dependencies():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        from harness_wheels import script_dependencies
-    finally:
-        sys.path.pop(0)
+    script_dependencies = load_script(SCRIPT.parent / "harness_wheels.py", "harness_wheels").script_dependencies
     program = '#!/usr/bin/env python\n# /// script\n# requires-python = ">=3.10"\n' \
               '# dependencies = ["openai", "mcp==2.0.0"]\n# ///\nimport mcp\n'
     assert script_dependencies(program) == ["openai", "mcp==2.0.0"]

@@ -315,6 +315,14 @@ def _flat(items: Sequence[SAWItem], lists: Callable[[SAWItem], Sequence[Any]], d
     return np.fromiter(itertools.chain.from_iterable(parts), dtype=dtype, count=count)
 
 
+def _actor_logps(items: Sequence[SAWItem], action_mask: np.ndarray) -> Tensor:
+    """The items' behaviour logprobs at the collated layout's action positions (action_mask > 0, in order), 0
+    elsewhere: a float32 tensor of action_mask's shape."""
+    actor, acting = np.zeros(action_mask.shape, dtype=np.float32), action_mask > 0
+    actor[acting] = _flat(items, _ACTOR_LOGPS, np.float32, int(acting.sum()))
+    return torch.from_numpy(actor)
+
+
 def _host_action_rows(ids: np.ndarray, mask: np.ndarray, starts: np.ndarray
                       ) -> tuple[Tensor, tuple[int, int] | None]:
     """The action rows of a collated layout, from its flat host arrays: row p - 1 for every flat position p
@@ -365,9 +373,7 @@ def collate_saw_items(
            "action_mask": torch.from_numpy(action_mask), **_sequence_tensors(items, None, group_index, macro),
            ACTION_ROWS: rows}
     if "old_logp_action" in out:
-        actor, acting = np.zeros((B, T), dtype=np.float32), action_mask > 0
-        actor[acting] = _flat(items, _ACTOR_LOGPS, np.float32, int(acting.sum()))
-        out["actor_logps"] = torch.from_numpy(actor)
+        out["actor_logps"] = _actor_logps(items, action_mask)
     out = _to_device(out, device)
     attach_action_rows(out, out[ACTION_ROWS], bounds)
     return out
@@ -400,9 +406,7 @@ def collate_packed(
         **_sequence_tensors(items, None, group_index, macro),
     }
     if "old_logp_action" in out:
-        actor, acting = np.zeros(total, dtype=np.float32), action_mask > 0
-        actor[acting] = _flat(items, _ACTOR_LOGPS, np.float32, int(acting.sum()))
-        out["actor_logps"] = torch.from_numpy(actor)[None]
+        out["actor_logps"] = _actor_logps(items, action_mask)[None]
     rows, bounds = _host_action_rows(input_ids, action_mask, starts)
     out = _to_device({**out, ACTION_ROWS: rows}, device)
     out[CU_SEQLENS_HOST] = cu_seqlens
