@@ -190,9 +190,11 @@ class Suite:
     def __init__(self, out: Path, name: str, test_seconds: float, copies: tuple[Path, ...] = ()):
         self.out, self.name, self.test_seconds, self.copies = out, name, test_seconds, copies
         self.groups: list[dict] = []  # {group, path, hung, cut, state}
-        self.lock = threading.Lock()
+        self.cut: str | None = None  # once cut, every later rewrite (a shard's thread ending) still says so
+        self.lock = threading.RLock()  # SIGTERM's handler may run in the main thread while it writes
 
-    def verdict(self, cut: str | None = None) -> str:
+    def verdict(self) -> str:
+        cut = self.cut
         rows, sections, tally = [], [], {"ran": 0, "bad": 0, "open": 0}
         for grp in list(self.groups):  # shards' threads may add theirs meanwhile
             g = read_group(grp["path"])
@@ -235,8 +237,10 @@ class Suite:
         return "\n".join(head + sections) + "\n"
 
     def write(self, cut: str | None = None) -> None:
+        """Rewrite the verdict; `cut` (why the suite was cut) sticks to this and every later rewrite."""
         with self.lock:
-            text = self.verdict(cut)
+            self.cut = cut or self.cut
+            text = self.verdict()
             for folder in (self.out, *self.copies):
                 path = folder / f"suite-{self.name}-verdict.md"
                 tmp = path.with_suffix(".tmp")

@@ -508,6 +508,21 @@ def test_sharded_verdict_survives_the_stages_outer_limit(tmp_path):
     assert left.stdout.strip() == "", left.stdout
 
 
+def test_a_shards_rewrite_after_the_sigterm_write_still_says_cut(tmp_path):
+    """The outer `timeout` signals the shards' pytest too: a shard's thread sees its process ended and rewrites
+    the verdict after the SIGTERM handler wrote it (a race CI lost once). That later rewrite still says the suite
+    was cut, and a shard that had not ended yet is marked cut, not running."""
+    suite = _suite_module().Suite(tmp_path, "core", 60.0)
+    (tmp_path / "suite-core.0.jsonl").write_text(json.dumps({"finish": "tests/t.py::a", "seconds": 0.1}) + "\n")
+    suite.groups.append({"group": "core.0", "path": tmp_path / "suite-core.0.jsonl", "hung": [], "state": None})
+    suite.write(cut="SIGTERM (the stage's outer time limit)")
+    suite.write()  # the shard's thread, after the handler
+    verdict = (tmp_path / "suite-core-verdict.md").read_text()
+    assert verdict.startswith("# GPU suite verdict: incomplete"), verdict
+    assert "; cut: SIGTERM (the stage's outer time limit)." in verdict, verdict
+    assert "| core.0 | 1 | 0 | 0 | 0 | 0 | 0 | 0 | cut |" in verdict, verdict
+
+
 def test_a_shard_restarted_after_a_hang_keeps_its_share(tmp_path):
     """A shard whose test hangs restarts without the tests it ran and the hung one, and runs only the rest of its
     own share: across two shards each test ends exactly once (the TMA variant is not in the core group)."""
