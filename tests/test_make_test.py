@@ -14,6 +14,8 @@ import pytest
 from _scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "make_test.sh"
+FAILING_PYTEST = ('echo "FAILED tests/t.py::t - AssertionError: planted"\n'  # pytest -rfEs: failures, then skips
+                  'for i in $(seq 60); do echo "SKIPPED [1] tests/t.py:$i: a reason"; done\nexit 1')
 VENVS = {"PY": "main", "TRITON36_PY": "t36", "VERL_PY": "verl", "VLLM_PY": "vllm", "VERIFIERS_PY": "vf"}
 
 
@@ -36,7 +38,7 @@ def _run(tmp_path: Path, fail_pytest_of: dict[str, str] | None = None,
         (tmp_path / "tests" / f"{name}.py").write_text("")
     for var, venv in VENVS.items():
         (tmp_path / venv).mkdir()
-        code = {"fail": "exit 1", "kill": "kill -9 $PPID"}.get(fail_pytest_of.get(venv, ""), "exit 0")
+        code = {"fail": FAILING_PYTEST, "kill": "kill -9 $PPID"}.get(fail_pytest_of.get(venv, ""), "exit 0")
         _executable(tmp_path / venv / "python", f'echo "ran {venv}: $*"\n{code}\n')
         env[var] = f"{venv}/python"
     _executable(tmp_path / "make", f'for s in "$@"; do [ "$s" = "{fail_build}" ] && exit 2; done; exit 0\n')
@@ -77,6 +79,8 @@ def test_a_failure_anywhere_fails_the_run_and_the_other_stages_still_run(tmp_pat
     for stage in set(named.split()) - {"services"}:  # each failed stage's output again at the end, before the verdict
         again = lines.index(f"== make test: the last lines of {stage} (build/stage-{stage}.log):")
         assert lines[again + 1].startswith(f"[{stage}] "), lines[again:]
+        if not stage.startswith("venv-"):  # a pytest stage: its failure summary is not lost behind its skips
+            assert f"[{stage}] FAILED tests/t.py::t - AssertionError: planted" in lines[again:], lines[again:]
 
 
 def test_a_venv_that_does_not_build_skips_the_unit_stage_and_the_kernels_lane(tmp_path):

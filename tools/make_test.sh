@@ -110,7 +110,7 @@ done
 for name in $failed; do  # each failure's own summary again at the end, where a log's tail shows it
     [ -e "build/stage-$name.log" ] || continue
     echo "== make test: the last lines of $name (build/stage-$name.log):"
-    tail -n 40 "build/stage-$name.log" | sed "s/^/[$name] /"
+    grep -v '^SKIPPED ' "build/stage-$name.log" | tail -n 40 | sed "s/^/[$name] /"  # pytest lists skips after failures
 done
 echo "== make test: $SECONDS s in all; failed:${failed:- none}"
 exit $status
