@@ -189,7 +189,7 @@ class Suite:
 
     def __init__(self, out: Path, name: str, test_seconds: float, copies: tuple[Path, ...] = ()):
         self.out, self.name, self.test_seconds, self.copies = out, name, test_seconds, copies
-        self.groups: list[dict] = []  # {group, path, hung, cut, state}
+        self.groups: list[dict] = []  # {group, path, hung, state}
         self.cut: str | None = None  # once cut, every later rewrite (a shard's thread ending) still says so
         self.lock = threading.RLock()  # SIGTERM's handler may run in the main thread while it writes
 
@@ -417,10 +417,10 @@ def main(argv: list[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, on_sigterm)
         for group, tma in groups:
-            names = [group] if args.shards == 1 else [f"{group}.{i}" for i in range(args.shards)]
+            shard_names = [group] if args.shards == 1 else [f"{group}.{i}" for i in range(args.shards)]
             threads = [threading.Thread(target=run_group, args=(
-                suite, name, tma, tests, deadline, args.reserve, order, args.drop_duplicates, log, procs,
-                (i, args.shards))) for i, name in enumerate(names)]
+                suite, shard_name, tma, tests, deadline, args.reserve, order, args.drop_duplicates, log, procs,
+                (i, args.shards))) for i, shard_name in enumerate(shard_names)]
             for thread in threads:
                 thread.start()
             while any(thread.is_alive() for thread in threads):  # joined in steps: SIGTERM runs in this thread
