@@ -16,16 +16,16 @@ process at its per-case --timeout, costs only that implementation's remaining ca
 tables into the stage's.
 
 Calibrated from the H200 run of 6e98f8f (bench/results/gpu-runs/2026-11-28-h200, session-run1.log and
-session-run2.log): a suite test took 0.68 s (369 tests in 250 s, pytest's start included; the jsonl of that
-run has no per-test times, so one figure for every file); a trainer path of the end to end 35-45 s (40);
-a bench implementation's process ~18 s of start (imports, inputs, Triton compiles) plus ~3 s a case
-(ours-generic: 4 cases in 29 s at the anchor and N=512, 2 in 28 s at D=896); the stage's tables after its
-implementations ~12 s; setup 12-13 s. Bench-stage estimate = STAGE_START_S + IMPL_START_S per
-implementation + sum over cases of (CASE_OVERHEAD_S + runs x predicted seconds of one forward+backward), runs =
-warm-ups + timed runs + the error check. Predicted seconds: ours from `ludic_fast.ops.plan.plan_head` (H100
-preset, default budget); TRL and Liger from their H100 measurements at that shape (2026-11-23) where there are
-some, else TRL 1.5x and Liger 10x the 6NDV floor; the floor 6NDV / the preset's GEMM rate. The script's
-look-ups (impls, args, seconds, value) import no torch.
+session-run2.log): a suite test took 0.68 s (369 tests in 250 s, pytest's start included; the jsonl of that run has
+no per-test times, so one figure for every file); a trainer path of the end to end 35-45 s (40); a bench
+implementation's process ~18 s of start (imports, inputs, Triton compiles) plus ~3 s a case (ours-generic: 4 cases
+in 29 s at the anchor and N=512, 2 in 28 s at D=896); the stage's tables after its implementations ~12 s; setup
+12-13 s. Bench-stage estimate = STAGE_START_S + IMPL_START_S per implementation + sum over cases of (CASE_OVERHEAD_S
++ runs x predicted seconds of one forward+backward), runs = warm-ups + timed runs + the error check. Predicted
+seconds: ours from `ludic_fast.ops.plan.plan_head` (H100 preset, default budget; a stage's LEFTOVER_IMPLS are not
+counted); TRL and Liger from their H100 measurements at that shape (2026-11-23) where there are some, else TRL 1.5x
+and Liger 10x the 6NDV floor; the floor 6NDV / the preset's GEMM rate. The script's look-ups (impls, args, seconds,
+value) import no torch.
 """
 
 from __future__ import annotations
@@ -45,7 +45,11 @@ SHAPES = {
     "N=64": ((64, 4096, 151936), (16, 64, 4099)),
     "N=2048": ((2048, 4096, 151936), (128, 64, 4099)),
 }
-DECISIVE_IMPLS = ("ours-generic", "ours-fused", "trl", "gemm-fwd+bwd")
+DECISIVE_IMPLS = ("ours-generic", "ours-fused", "trl", "gemm-fwd+bwd", "ours-generic-held")
+#: a bench stage's last implementations, which its own seconds do not count: they run in what the call has
+#: left, since the call's last stage gets all of it (gpu_session.sh) — run1's, once the sharded suite ends
+#: early. The head op holding its forward's logits (memory_budget 4 N V) is no default: measured after the rest
+LEFTOVER_IMPLS = {"decisive": ("ours-generic-held",)}
 #: bench stage -> (shapes, workloads, implementations in the order measured: the goals' first). The decisive
 #: stage measures the goals' two shapes, the anchor and Qwen2.5-0.5B's (D=896; N=512, measured in both H200 runs,
 #: is no goal's); preference races DPO and distillation against Liger's fused linear losses; shapes times the
@@ -68,7 +72,7 @@ CALLS = {
 }
 #: gpu/interpret-marked tests (pytest --collect-only): all, the experimental (TMA) ones among them, and the core
 #: ones the session leaves out as duplicates (gpu_suite.DUPLICATES); measured seconds a test on the H200
-SUITE_TESTS, SUITE_TMA_TESTS, SUITE_DUPLICATES, SUITE_TEST_S, SUITE_TEST_LIMIT_S = 516, 12, 50, 0.68, 60
+SUITE_TESTS, SUITE_TMA_TESTS, SUITE_DUPLICATES, SUITE_TEST_S, SUITE_TEST_LIMIT_S = 518, 12, 50, 0.68, 60
 #: the suite's order: the tests that failed or never finished in this run go first (its jsonl files: one per
 #: shard from a sharded run, suite-core.0.jsonl ...)
 SUITE_PRIOR = ("bench/results/gpu-runs/2026-11-28-h200/run1/suite-core.jsonl",)
@@ -123,6 +127,7 @@ def stage_estimate(stage: str) -> tuple[float, list[str]]:
     from ludic_fast.ops.plan import H100
 
     shapes, workloads, impls = BENCH_STAGES[stage]
+    impls = tuple(i for i in impls if i not in LEFTOVER_IMPLS.get(stage, ()))
     total, notes = STAGE_START_S + IMPL_START_S * len(impls), []
     for shape in shapes:
         for workload in workloads:
@@ -172,7 +177,8 @@ def budget_table() -> str:
         "suite": f"the GPU suite's verdict: {suite_tests()} core tests ({SUITE_DUPLICATES} duplicates left out), "
                  f"each under {SUITE_TEST_LIMIT_S} s, the last run's failed and unfinished ones first; 3 shards at "
                  "once (the estimate is serial)",
-        "decisive": "head op + CISPO at the goals' shapes, the anchor and D=896: ours, TRL, the 6NDV floor",
+        "decisive": "head op + CISPO at the goals' shapes, the anchor and D=896: ours, TRL, the 6NDV floor; "
+                    "then, in what the call has left, the head op holding its logits (ours-generic-held)",
         "experimental": f"the TMA variants: their {SUITE_TMA_TESTS} tests, then their bench cases at the anchor",
         "shapes": "head op + CISPO at Qwen2.5-0.5B's shape (D=896), each strategy forced beside the default and TRL",
         "preference": "DPO and distillation (JSD) at the anchor: ours fused, Liger's fused linear losses, the floor",

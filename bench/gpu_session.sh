@@ -13,7 +13,8 @@
 #
 # Stages, their seconds and the bench cases of each come from bench/gpu_plan.py (its budget table sizes them
 # from the last GPU run's times). Each stage runs under `timeout` for its seconds or what is left of the call's,
-# whichever is less, and keeps what it measured when cut: the suite rewrites its verdict after every test (and
+# whichever is less (the call's last stage: all that is left, for its LEFTOVER_IMPLS), and keeps what it
+# measured when cut: the suite rewrites its verdict after every test (and
 # on SIGTERM) and stops itself 10 s inside the stage, each bench implementation writes its tables after every
 # case, the trainer end to end its rows after every path, the profile its tables after every run. A stage that
 # would get under 15 s is skipped, and says so. The suite runs each group as SUITE_SHARDS (3) pytest processes
@@ -221,6 +222,10 @@ for call in "${CALLS[@]}"; do
     mapfile -t plan < <("$PY" bench/gpu_plan.py seconds "$call")
     call_seconds=$((${CALL_SECONDS:-${plan[0]#call }} * TIME_SCALE))
     say "$call: ${call_seconds}s in all$( ((TINY)) && echo ', REHEARSAL on the CPU at tiny shapes')"
+    last=
+    for line in "${plan[@]:1}"; do  # the call's last selected stage
+        [[ -z ${STAGES:-} || " $STAGES " == *" ${line% *} "* ]] && last=${line% *}
+    done
     for line in "${plan[@]:1}"; do
         stage=${line% *} given=$((${line#* } * TIME_SCALE))
         if [[ -n ${STAGES:-} && " $STAGES " != *" $stage "* ]]; then
@@ -234,6 +239,7 @@ for call in "${CALLS[@]}"; do
             continue
         fi
         secs=$((given < left ? given : left))
+        [[ $stage == "$last" ]] && secs=$left  # the last stage takes what earlier ones left (LEFTOVER_IMPLS)
         t0=$SECONDS
         set +e
         run_stage "$stage" "$secs"

@@ -3,7 +3,7 @@ docs/kernels.md. Run: `python bench/plan_table.py [--device h100] [--budget 4GiB
 
 Table 1: the head op (logprob + entropy, forward + backward, generic mode) and the CISPO loss (fused-loss
 mode, on the 3/4 of the rows that are action tokens) at the default budget (or --budget), bf16 inputs.
-Table 2: CISPO's predicted time and transient memory against the budget.
+Table 2: the head op's and CISPO's predicted time and transient memory against the budget.
 Table 3: the model against the times measured on an H100 (2026-11-23, commit 6cccb55, the kernels of that
 commit, `plan.MEASURED_KERNELS`), at the chunk sizes that were measured.
 `--measured results.json`: instead, this release's model against a GPU bench run (`ludic-fast bench --preset
@@ -63,19 +63,18 @@ def _dw_group(p, n: int) -> str:
 
 
 def curve_table(device: str) -> str:
-    """CISPO (fused-loss mode) predicted time and transient memory against the memory budget ("tl.dot": the
-    fused strategy's plan)."""
-    budgets = (1, 2, 3, 4, 6, 8)
-    out = ["| shape | " + " | ".join(f"{b} GiB" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
-    for name in ("anchor", "qwen0.5b", "llama8b"):
-        n, d, v, mode = _call(name, "cispo")
+    """The head op's (generic mode) and CISPO's (fused-loss mode) predicted time and transient memory against
+    the memory budget ("tl.dot": the fused strategy's plan; "held": the head op keeps its forward's logits)."""
+    budgets = (1, 2, 3, 4, 6, 8, 12)
+    out = ["| shape | op | " + " | ".join(f"{b} GiB" for b in budgets) + " |", "|---|---|" + "---|" * len(budgets)]
+    for op, name in ((op, name) for op in ("head", "cispo") for name in ("anchor", "qwen0.5b", "llama8b")):
+        n, d, v, mode = _call(name, op)
         cells = []
         for b in budgets:
             p = plan_head(n, d, v, mode=mode, device=device, memory_budget=b * GiB)
-            over = "" if p.fits else " (over)"
-            dot = " tl.dot" if p.strategy == "fused" else ""
-            cells.append(f"{p.predicted_s * 1e3:.1f} ms / {p.transient_bytes / GiB:.2f}{dot}{over}")
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
+            notes = " tl.dot" * (p.strategy == "fused") + " held" * p.hold_logits + " (over)" * (not p.fits)
+            cells.append(f"{p.predicted_s * 1e3:.1f} ms / {p.transient_bytes / GiB:.2f}{notes}")
+        out.append(f"| {name} | {op} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -89,7 +88,8 @@ def plans_table(device: str, budget: str | None) -> str:
         for op in ("head", "cispo"):
             n, d, v, mode = _call(name, op)
             p = plan_head(n, d, v, dtype=torch.bfloat16, mode=mode, device=device, memory_budget=budget)
-            bwd = _fmt_block(p.grad_rows, p.grad_cols, n, v) if mode == "generic" else _dw_group(p, n)
+            bwd = _fmt_block(p.grad_rows, p.grad_cols, n, v) + " (held)" * p.hold_logits if mode == "generic" \
+                else _dw_group(p, n)
             trl = TRL_MS.get((name, op))
             out.append(
                 f"| {name} | {op} | {n} | {p.strategy} | {_fmt_block(p.token_rows, p.vocab_cols, n, v)} | {bwd} "

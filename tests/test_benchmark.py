@@ -59,7 +59,8 @@ def test_skips_say_why_and_floors_have_no_errors():
     fused_head = run_case("ours-fused", "head", TINY, FAST)
     assert fused_head.status == "skipped" and "ours-generic" in fused_head.reason
     workload = {"cce": "sft", "ours-fused-tl-dot": "cispo", "ours-fused-workspace": "cispo"}
-    for name in ("ours-triton-fused", "ours-triton-workspace", "ours-fused-tl-dot", "ours-fused-workspace", "cce"):
+    for name in ("ours-triton-fused", "ours-triton-workspace", "ours-fused-tl-dot", "ours-fused-workspace", "cce",
+                 "ours-generic-held"):
         r = run_case(name, workload.get(name, "head"), TINY, FAST)
         assert r.status == "skipped" and "CUDA" in r.reason, name
     assert "backend auto is torch" in run_case("ours-torch", "cispo", TINY, FAST).reason

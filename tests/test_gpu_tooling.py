@@ -58,7 +58,9 @@ def test_session_plan_fits_the_calls_and_orders_the_stages():
     given = {s: g for _, stages in plan.CALLS.values() for s, g in stages}
     for stage in plan.BENCH_STAGES:
         assert plan.stage_estimate(stage)[0] <= given[stage]
-    assert plan.BENCH_STAGES["decisive"][2] == ("ours-generic", "ours-fused", "trl", "gemm-fwd+bwd")
+    assert plan.BENCH_STAGES["decisive"][2] == ("ours-generic", "ours-fused", "trl", "gemm-fwd+bwd",
+                                                "ours-generic-held")
+    assert plan.LEFTOVER_IMPLS == {"decisive": ("ours-generic-held",)}  # after the rest, not in its seconds
     assert plan.BENCH_STAGES["preference"][1:] == (("dpo", "jsd"), ("ours-fused", "liger", "gemm-fwd+bwd"))
     assert plan.BENCH_STAGES["shapes"][2][:2] == ("ours-fused", "trl")
     assert plan.suite_tests() * plan.SUITE_TEST_S <= given["suite"] - 10
@@ -173,6 +175,10 @@ def test_rehearsal_keeps_every_table_when_a_test_fails_and_a_case_hangs(tmp_path
     log = (res / "session-run1.log").read_text()
     order = [log.index(f"stage {s}:") for s in ("setup", "suite", "decisive")]
     assert order == sorted(order) and "decisive-trl: exit status 1" in log
+    # the call's last stage gets what the suite left: more than its own seconds, for its leftover implementation
+    decisive = int(re.search(r"stage decisive: (\d+)s given", log).group(1))
+    assert decisive > dict(_plan().CALLS["run1"][1])["decisive"] * 4 * slow, log
+    assert "ours-generic-held: complete" in (res / "decisive" / "results.md").read_text()
     files = {p.name for p in (res / "out-run1").iterdir()}
     assert len(files) <= 8 and {"session-run1.log", "results-run1.tar.gz", "suite-core-verdict.md",
                                 "decisive-results.md"} <= files, files

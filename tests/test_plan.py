@@ -45,9 +45,12 @@ def test_fused_loss_gemm_floor_is_6ndv_and_coupled_adds_a_statistics_pass():
     loss = _plan((n, d, v), mode="fused_loss", chunk_elements=n * v)
     coupled = _plan((n, d, v), mode="coupled", chunk_elements=n * v)
     generic = _plan((n, d, v), mode="generic", strategy="workspace", chunk_elements=n * v)
+    held = _plan((n, d, v), mode="generic", strategy="workspace", chunk_elements=n * v, kernels=P.KERNELS)
     assert _terms(loss)["gemm"] == pytest.approx(6 * n * d * v / 765e12)
     assert _terms(coupled)["gemm"] == pytest.approx(8 * n * d * v / 765e12)
-    assert _terms(generic)["gemm"] == pytest.approx(8 * n * d * v / 765e12)
+    assert (generic.hold_logits, held.hold_logits) == (False, True)
+    assert _terms(generic)["gemm"] == pytest.approx(8 * n * d * v / 765e12)  # the backward recomputes the logits
+    assert _terms(held)["gemm"] == pytest.approx(6 * n * d * v / 765e12)  # it forms dh and dW from the held ones
     assert _terms(loss)["epilogue"] == pytest.approx(26 * n * v / 3.0e12)
 
 
@@ -378,3 +381,46 @@ def test_one_chunk_fused_loss_dw_passes_and_the_host_term():
     assert _terms(head)["host"] == pytest.approx(2e-3 - 0.3 * (head.predicted_s - _terms(head)["host"]))
     assert "host" not in _terms(P.plan_head(64, d, v, mode="forward", device="h200"))
     assert "host" not in _terms(P.plan_head(48, d, v, mode="fused_loss", device="h200", kernels=MEASURED))
+
+
+def test_the_head_op_holds_its_forward_logits_when_the_budget_allows():
+    """This release's kernels: a workspace head op with autograd whose one forward chunk of all N rows (N V 4
+    bytes of fp32 logits) fits the budget keeps it for the backward: dh and dW are its only backward GEMMs
+    (6NDV in all, against 8NDV recomputing), its backward epilogue moves 10 bytes per logit element (row
+    kernel reads 4, writes d(raw) 2; GEMMs read 2 + 2) instead of 14 (+ the GEMM's fp32 write). At the anchor
+    shape that needs 4.6 GiB: the H200's default budget (1 GiB + dh) recomputes, 6 GiB holds."""
+    n, d, v = ANCHOR
+    kw = {"mode": "generic", "device": "h200", "kernels": P.KERNELS}
+    default = P.plan_head(n, d, v, **kw)
+    held = P.plan_head(n, d, v, memory_budget="6GiB", **kw)
+    assert not default.hold_logits and default.fits
+    assert held.hold_logits and held.strategy == "workspace" and held.fits
+    assert (held.token_rows, held.vocab_cols, held.grad_rows, held.grad_cols) == (n, v, n, v)
+    assert held.transient_bytes == n * v * 4  # dh and dW are written once in bf16: no fp32 accumulator
+    assert dict(held.terms)["gemm"] == pytest.approx(6 * n * d * v / 765e12)
+    assert dict(held.terms)["epilogue"] == pytest.approx((8 + 10) * n * v / (4.8e12 * 3.0 / 3.35))
+    assert held.predicted_s < default.predicted_s
+    # 1,024 rows (0.58 GiB of logits) fit the default budget
+    assert P.plan_head(1024, d, v, **kw).hold_logits
+    # 4 N V bytes (the bench's ours-generic-held) hold them; one byte less does not
+    assert P.plan_head(n, d, v, memory_budget=n * v * 4, **kw).hold_logits
+    assert not P.plan_head(n, d, v, memory_budget=n * v * 4 - 1, **kw).hold_logits
+
+
+@pytest.mark.parametrize("kw", [{"mode": "forward"}, {"mode": "fused_loss"}, {"mode": "coupled"},
+                                {"mode": "generic", "strategy": "fused"}, {"mode": "generic", "backend": "torch"},
+                                {"mode": "generic", "kernels": P.MEASURED_KERNELS}],
+                         ids=["forward", "fused_loss", "coupled", "fused-strategy", "torch-backend", "h100-kernels"])
+def test_only_the_workspace_head_op_holds_logits(kw):
+    kw = {"device": "h200", "memory_budget": "64GiB", "kernels": P.KERNELS, **kw}
+    assert not P.plan_head(*ANCHOR, **kw).hold_logits
+
+
+def test_the_element_rule_holds_one_chunk_of_all_rows():
+    """The CPU default and the chunk_elements override hold the logits exactly when N V <= the chunk."""
+    n, d, v = 300, 40, 1021
+    kw = {"mode": "generic", "strategy": "workspace"}
+    assert P.plan_head(n, d, v, device="cpu", **kw).hold_logits
+    assert P.plan_head(n, d, v, device="h200", chunk_elements=n * v, **kw).hold_logits
+    split = P.plan_head(n, d, v, device="h200", chunk_elements=n * v - 1, **kw)
+    assert not split.hold_logits and split.token_rows < n

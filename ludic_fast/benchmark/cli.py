@@ -45,6 +45,7 @@ _GPU_IMPLS = (
     "ours-generic",
     "trl",
     "gemm-fwd+bwd",
+    "ours-generic-held",
     "liger",
     "ours-triton-workspace",
     "ours-fused-workspace",

@@ -139,10 +139,12 @@ def _strategy(strategy: str | None, tma: bool = False) -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------------------ ours
-def _build_ours(backend: str, fused: bool, strategy: str | None = None, tma: bool = False) -> Builder:
+def _build_ours(backend: str, fused: bool, strategy: str | None = None, tma: bool = False,
+                hold_logits: bool = False) -> Builder:
     """Head op: `linear_logprobs` + autograd. SFT: `linear_cross_entropy`. Losses:
     `loss_fn(batch, hidden=, weight=, fused=fused, backend=backend)`. `strategy` forces the triton one, `tma`
-    the tl.dot kernels' TMA variant."""
+    the tl.dot kernels' TMA variant; `hold_logits`: the head op's memory_budget is 4 N V bytes, the fp32 logits
+    of all N rows, which the workspace plan then holds from its forward to its backward."""
 
     def build(workload: Workload, inp: Inputs) -> Step:
         from ludic_fast import linear_cross_entropy, linear_divergence, linear_logprobs
@@ -177,9 +179,12 @@ def _build_ours(backend: str, fused: bool, strategy: str | None = None, tma: boo
 
             return ce_step
 
+        budget = 4 * inp.targets.numel() * inp.weight.shape[0] if hold_logits else None
+
         def head_step() -> dict[str, Tensor]:
             with _strategy(strategy, tma):
-                out = linear_logprobs(inp.hidden, inp.weight, inp.targets, entropy=True, backend=backend)
+                out = linear_logprobs(inp.hidden, inp.weight, inp.targets, entropy=True, backend=backend,
+                                      memory_budget=budget)
                 _head_objective(inp, out.logprobs, out.entropy).backward()
             return _outputs(out.logprobs, out.entropy)
 
@@ -498,6 +503,10 @@ IMPLS: dict[str, Impl] = {
         Impl("ours-generic", "ours", "ludic_fast.linear_logprobs / linear_cross_entropy + autograd (backend auto); "
              "losses with fused=False (8NDV)", _build_ours("auto", fused=False), _ours_covers),
         # each strategy forced: the head op's (row workloads, losses in generic mode), then the fused-loss mode's
+        Impl("ours-generic-held", "ours", "as ours-generic (head op) with memory_budget = 4 N V bytes: the "
+             "workspace plan holds the forward's fp32 logits for the backward (6NDV)",
+             _build_ours("auto", fused=False, hold_logits=True), _head_only, cuda_only=True,
+             cuda_reason="needs CUDA: the held logits are the triton workspace plan's (CPU's auto backend is torch)"),
         Impl("ours-triton-fused", "ours", "as ours-generic, triton backend, fused strategy forced (tl.dot tiles, "
              "no workspace)", _build_ours("triton", fused=False, strategy="fused"), _ours_covers, cuda_only=True),
         Impl("ours-triton-fused-tma", "ours", "as ours-triton-fused with the tl.dot kernels' TMA variant "

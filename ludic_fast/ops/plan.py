@@ -3,7 +3,9 @@
 A call is (N tokens, hidden size D, vocabulary V, input dtype, mode). The model adds up, in seconds:
 
 * GEMMs, each `max(2mnk / R, operand bytes / B)` (compute- or operand-read-bound): forward 2NDV; the
-  generic mode's backward recomputes the logits and forms dh, dW (6NDV; 8NDV in all); the fused-loss mode
+  generic mode's backward recomputes the logits and forms dh, dW (6NDV; 8NDV in all), or, when the budget
+  holds the forward's fp32 logits of all N rows until the backward (`HeadPlan.hold_logits`), forms dh and dW
+  from them (6NDV in all); the fused-loss mode
   forms d(raw), dh, dW in the forward (6NDV in all); a coupled loss adds a statistics pass (8NDV).
 * the epilogue's traffic, `bytes per logit element x rows x V / B` (`KernelCosts`: today 8 for the
   forward statistics, 22 for a backward pass with known statistics, 26 for a fused-loss chunk);
@@ -33,6 +35,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 
@@ -159,19 +162,19 @@ class KernelCosts:
     """What the model assumes of the kernels; update it when they change. Defaults: this release's kernels.
 
     Bytes per element of the [rows, V] logits moved by the workspace strategy (bf16 inputs):
-    `stats_bytes` forward statistics (GEMM writes fp32 z 4, row kernel reads it 4); `grad_bytes` a backward
-    pass with known statistics (GEMM write 4, row kernel reads 4 and writes d(raw) in the operand dtype 2,
-    gradient GEMMs read 2 + 2); `loss_bytes` a fused-loss chunk (GEMM write 4, statistics read 4, gradient
-    read 4 + write 2, GEMM reads 2 + 2). `ws_bytes`: transient bytes per workspace element (the fp32 chunk;
-    d(raw) lives in its memory). `lean_accumulators`: a gradient element with one contribution is written
-    once by its GEMM in the input dtype, several accumulate in fp32 from a beta = 0 first GEMM (no zero-fill);
-    False: fp32, zero-filled buffers throughout (`once_bytes` per dW element when one GEMM forms each dW row:
-    fp32 output 4 + conversion 4 + 2). `fused_*`: the tl.dot strategy's GEMM rate as a fraction of cuBLAS's
-    (forward measured at 22-25 ms against cuBLAS's 13.1 ms at N=8192 D=4096 V=151936 on an H100) and, when
-    `fused_bwd_atomics`, its backward's (BLOCK_M, BLOCK_N) tile, which sets its fp32 atomic traffic
-    `ceil(V/BN) N D 4 + ceil(N/BM) V D 4` bytes (False: the fused strategy's backward runs the workspace
-    backward's blocks, with the tl.dot gradient kernel recomputing the logits at `fused_fwd_fraction` of the
-    cuBLAS rate and writing d(raw) from registers: `fused_grad_bytes` per logit element, d(raw) write 2 +
+    `stats_bytes` forward statistics (GEMM writes fp32 z 4, row kernel reads it 4); `grad_bytes` a backward pass with
+    known statistics (GEMM write 4, row kernel reads 4 and writes d(raw) in the operand dtype 2, gradient GEMMs read 2 +
+    2); `held_grad_bytes` the same pass over logits the forward held (no GEMM write: the row kernel reads 4 and writes
+    2, the GEMMs read 2 + 2); `loss_bytes` a fused-loss chunk (GEMM write 4, statistics read 4, gradient read 4 + write
+    2, GEMM reads 2 + 2). `ws_bytes`: transient bytes per workspace element (the fp32 chunk; d(raw) lives in its
+    memory). `lean_accumulators`: a gradient element with one contribution is written once by its GEMM in the input
+    dtype, several accumulate in fp32 from a beta = 0 first GEMM (no zero-fill); False: fp32, zero-filled buffers
+    throughout (`once_bytes` per dW element when one GEMM forms each dW row: fp32 output 4 + conversion 4 + 2).
+    `fused_*`: the tl.dot strategy's GEMM rate as a fraction of cuBLAS's (forward measured at 22-25 ms against cuBLAS's
+    13.1 ms at N=8192 D=4096 V=151936 on an H100) and, when `fused_bwd_atomics`, its backward's (BLOCK_M, BLOCK_N) tile,
+    which sets its fp32 atomic traffic `ceil(V/BN) N D 4 + ceil(N/BM) V D 4` bytes (False: the fused strategy's backward
+    runs the workspace backward's blocks, with the tl.dot gradient kernel recomputing the logits at `fused_fwd_fraction`
+    of the cuBLAS rate and writing d(raw) from registers: `fused_grad_bytes` per logit element, d(raw) write 2 +
     gradient GEMM reads 2 + 2, and a block buffer of the input dtype).
     `torch_*`: the torch backend's bytes per logit element (forward, backward) and transient bytes per chunk
     element. `launches_*`: kernels per forward chunk, per backward block, per fused-loss chunk (the loss's
@@ -180,7 +183,9 @@ class KernelCosts:
     a GPU): `auto` takes that strategy only where it is predicted faster even so (1.0 once measured).
     `deferred_dw`: a fused-loss plan of one token chunk whose d(raw) buffer is no larger than dW forms dW in the
     backward, one GEMM with the upstream gradient folded into h (`s.e` bytes per dW element, no scale pass);
-    several fp32 contributions end in one pass that scales and casts (4 + `s.e`). Host time: a call's host
+    several fp32 contributions end in one pass that scales and casts (4 + `s.e`). `hold_logits`: the
+    workspace head op with autograd may keep its forward's one chunk of all N rows for the backward
+    (`HeadPlan.hold_logits`). Host time: a call's host
     work (its host syncs, the Python glue and, in the fused-loss modes, the loss objective evaluated on the host
     between the kernels) of `host_loss_s` (fused-loss modes) or `host_head_s` (the head op with autograd)
     seconds, of which the part the device's own time t hides, `host_overlap` t, is not charged: the term is
@@ -189,6 +194,7 @@ class KernelCosts:
 
     stats_bytes: float = 8.0
     grad_bytes: float = 14.0
+    held_grad_bytes: float = 10.0
     loss_bytes: float = 18.0
     ws_bytes: float = 4.0
     lean_accumulators: bool = True
@@ -207,6 +213,7 @@ class KernelCosts:
     launches_torch_block: int = 20
     fused_risk: float = 1.25
     deferred_dw: bool = True
+    hold_logits: bool = True
     host_loss_s: float = 5.0e-3
     host_head_s: float = 2.0e-3
     host_overlap: float = 0.3
@@ -214,8 +221,9 @@ class KernelCosts:
 
 #: the kernels measured on an H100 (2026-11-23): fp32 d(raw) in place then a bf16 copy, zero-filled fp32
 #: accumulators, the fused strategy's backward with fp32 atomics
-MEASURED_KERNELS = KernelCosts(stats_bytes=8, grad_bytes=22, loss_bytes=26, ws_bytes=6, lean_accumulators=False,
-                               deferred_dw=False, host_loss_s=0.0, host_head_s=0.0,
+MEASURED_KERNELS = KernelCosts(stats_bytes=8, grad_bytes=22, held_grad_bytes=18, loss_bytes=26, ws_bytes=6,
+                               lean_accumulators=False, deferred_dw=False, hold_logits=False, host_loss_s=0.0,
+                               host_head_s=0.0,
                                fused_fwd_fraction=340 / 765, fused_bwd_atomics=True, fused_risk=1.0)
 KERNELS = KernelCosts()
 
@@ -234,7 +242,9 @@ class HeadPlan:
     model's time (a prediction), `terms`: its parts; `transient_bytes`: peak memory beyond inputs and outputs;
     `fits`: within `memory_budget` (None: the CPU element rule). `stage_rows` (fused-loss modes, triton
     backend): token rows whose d(raw) is staged for one dW GEMM, a multiple of `token_rows` (None: no
-    staging, one dW GEMM per chunk)."""
+    staging, one dW GEMM per chunk). `hold_logits` (generic mode, workspace strategy): the forward's one chunk
+    of all N rows of fp32 raw logits is kept until the backward, which writes d(raw) over it instead of
+    recomputing the logits; its N V 4 bytes (`transient_bytes`) are held from the forward to the backward."""
 
     strategy: str
     token_rows: int
@@ -248,6 +258,7 @@ class HeadPlan:
     memory_budget: int | None
     fits: bool = True
     stage_rows: int | None = None
+    hold_logits: bool = False
     terms: tuple[tuple[str, float], ...] = field(default=(), compare=False)
 
     @property
@@ -339,16 +350,19 @@ def _accumulator(c: _Cost, name: str, count: int, elems: int, scaled: bool, once
     return True
 
 
-def _workspace_backward(c: _Cost, rows: int, cols: int, tl_dot: bool = False) -> None:
-    """The backward's blocks; `tl_dot`: d(raw) from the fused strategy's tl.dot gradient kernel."""
+def _workspace_backward(c: _Cost, rows: int, cols: int, tl_dot: bool = False, held: bool = False) -> None:
+    """The backward's blocks; `tl_dot`: d(raw) from the fused strategy's tl.dot gradient kernel; `held`: one
+    block, over the logits the forward held (no logits GEMM)."""
     s, k = c.s, c.s.k
     row_chunks, slices = _cdiv(s.n, rows), _cdiv(s.v, cols)
     for rc, r in _pieces(s.n, rows):
         for cc, w in _pieces(s.v, cols):
-            c.gemm("gemm", r, w, s.d, rc * cc, rate_fraction=k.fused_fwd_fraction if tl_dot else 1.0)  # logits
+            if not held:
+                c.gemm("gemm", r, w, s.d, rc * cc, rate_fraction=k.fused_fwd_fraction if tl_dot else 1.0)  # logits
             c.gemm("gemm", r, s.d, w, rc * cc)  # dh
             c.gemm("gemm", w, s.d, r, rc * cc)  # dW
-    c.traffic("epilogue", (k.fused_grad_bytes if tl_dot else k.grad_bytes) * s.n * s.v)
+    per_element = k.fused_grad_bytes if tl_dot else k.held_grad_bytes if held else k.grad_bytes
+    c.traffic("epilogue", per_element * s.n * s.v)
     mem = rows * cols * (s.e if tl_dot else k.ws_bytes)
     mem += 4 * s.n * s.d if _accumulator(c, "dh", slices, s.n * s.d, False) else 0
     mem += 4 * s.v * s.d if _accumulator(c, "dW", row_chunks, s.v * s.d, False, once_fp32_out=True) else 0
@@ -433,9 +447,21 @@ def _torch_blocks(c: _Cost, rows: int, cols: int, logit_passes: int, backward: b
         c.peak += 4 * (s.n + s.v) * s.d
 
 
-def _price(s: _Shape, mode: str, strategy: str, rows: int, cols: int, grows: int, gcols: int,
-           stage: int | None = None) -> _Cost:
+class _Candidate(NamedTuple):
+    """One candidate plan of a strategy: forward chunks of `rows` x `cols`, backward blocks of `grows` x
+    `gcols`, the fused-loss dW staging rows, whether the forward's logits are held for the backward."""
+
+    rows: int
+    cols: int
+    grows: int
+    gcols: int
+    stage: int | None = None
+    hold: bool = False
+
+
+def _price(s: _Shape, mode: str, strategy: str, cand: _Candidate) -> _Cost:
     """The cost of one candidate plan."""
+    rows, cols, grows, gcols, stage, hold = cand
     c = _Cost(s)
     fused_modes = mode in ("fused_loss", "coupled")
     if strategy == "torch" or cols < s.v:  # the torch backend, or the sliced-vocabulary fused loss
@@ -452,7 +478,7 @@ def _price(s: _Shape, mode: str, strategy: str, rows: int, cols: int, grows: int
     else:
         _workspace_forward(c, rows)
         if mode == "generic":
-            _workspace_backward(c, grows, gcols)
+            _workspace_backward(c, grows, gcols, held=hold)
     if strategy == "fused" and s.k.fused_risk != 1.0:
         c.add("unmeasured", (s.k.fused_risk - 1.0) * c.total())
     host = s.k.host_loss_s if fused_modes else s.k.host_head_s if mode == "generic" else 0.0
@@ -484,41 +510,45 @@ def _stage_rows(n: int, d: int, v: int, rows: int, e: int, budget: int, k: Kerne
     return min(n, _cdiv(_cdiv(n, _cdiv(n, most)), rows) * rows)
 
 
-def _candidates(s: _Shape, mode: str, strategy: str, budget: int | None, chunk_elements: int | None):
-    """(rows, cols, grad_rows, grad_cols[, dW staging rows]) candidates of one strategy (not all of them fit
-    the budget)."""
+def _candidates(s: _Shape, mode: str, strategy: str, budget: int | None,
+                chunk_elements: int | None) -> list[_Candidate]:
+    """The candidates of one strategy (not all of them fit the budget)."""
     n, d, v, k, align = s.n, s.d, s.v, s.k, s.dev.align
     fused_modes = mode in ("fused_loss", "coupled")
+    held = k.hold_logits and strategy == "workspace" and mode == "generic"  # may hold the forward's logits
     if strategy == "fused" and (mode == "forward" or k.fused_bwd_atomics):
-        return [(n, v, n, v)]
+        return [_Candidate(n, v, n, v)]
     if chunk_elements is not None:  # the element rule: an override, or the CPU default
         elements = chunk_elements
         rows, cols = elements_rule(n, v, elements)
         if strategy != "torch" and not fused_modes:  # whole rows forward, sliced backward
-            return [(n if strategy == "fused" else max(1, min(n, elements // v)), v, *grad_blocks(n, v, elements))]
-        return [(rows, cols, rows, cols)]
+            if held and n * v <= elements:  # one chunk of all rows: held for the backward
+                return [_Candidate(n, v, n, v, hold=True)]
+            fwd_rows = n if strategy == "fused" else max(1, min(n, elements // v))
+            return [_Candidate(fwd_rows, v, *grad_blocks(n, v, elements))]
+        return [_Candidate(rows, cols, rows, cols)]
     fixed = 4 * (n + v) * d if mode != "forward" else 0  # fp32 dh and dW accumulators (torch backend)
     if strategy == "torch":
         rows, cols = elements_rule(n, v, max(1, int((budget - fixed) // k.torch_chunk_bytes)), align)
-        return [(rows, cols, rows, cols)]
+        return [_Candidate(rows, cols, rows, cols)]
     if fused_modes:
         per_row = v * (s.e if strategy == "fused" else k.ws_bytes)  # the chunk's workspace or d(raw) buffer
         fixed = accumulator_bytes(mode, n, d, v) if not k.lean_accumulators else 0
         if k.lean_accumulators and n * per_row > budget:  # several chunks: dW accumulates in fp32
             fixed = 4 * v * d
         rows_opts = _row_options(n, int((budget - fixed) // per_row), align)
-        out = [(r, v, r, v) for r in rows_opts]
+        out = [_Candidate(r, v, r, v) for r in rows_opts]
         if k.lean_accumulators and strategy == "workspace":  # rows of a workspace beside a dW staging buffer
             stage_opts = _row_options(n, int(budget // (v * k.ws_bytes)), align)
-            out += [(r, v, r, v, g) for r in stage_opts if (g := _stage_rows(n, d, v, r, s.e, budget, k)) > r]
+            out += [_Candidate(r, v, r, v, g) for r in stage_opts if (g := _stage_rows(n, d, v, r, s.e, budget, k)) > r]
         if not out:  # not even `align` whole rows: vocabulary slices (the torch chunk code), or the least memory
             rows, cols = elements_rule(n, v, max(1, int((budget - fixed) // k.torch_chunk_bytes)), align)
-            out = [(rows, cols, rows, cols), (min(n, align), v, min(n, align), v)]
+            out = [_Candidate(rows, cols, rows, cols), _Candidate(min(n, align), v, min(n, align), v)]
         return out
     fwd_rows = n if strategy == "fused" else (_row_options(n, budget // (4 * v), align) or [min(n, align)])[0]
     if mode == "forward":
-        return [(fwd_rows, v, fwd_rows, v)]
-    out = []
+        return [_Candidate(fwd_rows, v, fwd_rows, v)]
+    out = [_Candidate(n, v, n, v, hold=True)] if held else []
     for grows in [n, *_row_options(n, n // 2, align)]:
         multi = grows < n
         spare = budget - 4 * n * d - (4 * v * d if multi else 0)  # dh fp32 (several slices), dW fp32 (chunks)
@@ -527,8 +557,8 @@ def _candidates(s: _Shape, mode: str, strategy: str, budget: int | None, chunk_e
         if k.lean_accumulators and grows * v * k.ws_bytes + (4 * v * d if multi else 0) <= budget:
             gcols = v  # one slice spans the vocabulary: dh needs no fp32 buffer
         if gcols > 0:
-            out.append((fwd_rows, v, grows, gcols))
-    return out + [(fwd_rows, v, min(n, align), min(v, align))]  # the smallest block, fitting or not
+            out.append(_Candidate(fwd_rows, v, grows, gcols))
+    return out + [_Candidate(fwd_rows, v, min(n, align), min(v, align))]  # the smallest block, fitting or not
 
 
 def plan_head(
@@ -591,15 +621,15 @@ def _plan(n, d, v, dtype, mode, model, budget, chunk_elements, allowed, kernels)
     s = _Shape(n, d, v, torch.empty((), dtype=dtype).element_size(), dtype, model, kernels)
     best = None
     for strategy in allowed:
-        for rows, cols, grows, gcols, *stage in _candidates(s, mode, strategy, budget, chunk_elements):
-            c = _price(s, mode, strategy, rows, cols, grows, gcols, *stage)
+        for cand in _candidates(s, mode, strategy, budget, chunk_elements):
+            c = _price(s, mode, strategy, cand)
             fits = budget is None or c.peak <= budget
             key = (not fits, c.total() if fits else c.peak)
             if best is None or key < best[0]:
-                best = (key, strategy, rows, cols, grows, gcols, stage[0] if stage else None, c, fits)
-    _, strategy, rows, cols, grows, gcols, stage, c, fits = best
-    return HeadPlan(strategy, rows, cols, grows, gcols, c.total(), int(math.ceil(c.peak)), mode, model.name,
-                    budget, fits, stage, tuple(sorted(c.terms.items())))
+                best = (key, strategy, cand, c, fits)
+    _, strategy, cand, c, fits = best
+    return HeadPlan(strategy, cand.rows, cand.cols, cand.grows, cand.gcols, c.total(), int(math.ceil(c.peak)), mode,
+                    model.name, budget, fits, cand.stage, cand.hold, tuple(sorted(c.terms.items())))
 
 
 __all__ = [

@@ -16,7 +16,9 @@ Two strategies, same numbers:
 Backward (both): vocabulary slices over all tokens (token chunks too when the budget needs them); per block
 cuBLAS forms dh and dW from d(raw). A gradient that gets one contribution per element (dh when one slice
 spans the vocabulary, dW when one token chunk spans all tokens) is written by one GEMM in the input dtype;
-otherwise it accumulates in fp32, the first GEMM with beta = 0 (no zero-fill).
+otherwise it accumulates in fp32, the first GEMM with beta = 0 (no zero-fill). Held logits (workspace,
+`HeadPlan.hold_logits`): the forward's one chunk of all rows is kept and the backward's one block writes
+d(raw) over it, with no logits GEMM (6NDV in all); a second backward through the graph recomputes them.
 Plan (`ludic_fast.ops.plan.plan_head`): the `strategy=` argument, else env LUDIC_FAST_TRITON_STRATEGY
 (auto|fused|workspace), else auto: the strategy, forward chunk rows and backward blocks the cost model
 predicts fastest within the memory budget.
@@ -60,6 +62,7 @@ class KernelConfig:
     precision: str  # tl.dot input precision: "ieee" keeps fp32 inputs exact (no tf32)
     rows: int  # token rows of one forward workspace chunk (whole vocabulary rows)
     grad_block: tuple[int, int]  # (token rows, vocab columns) of one backward block
+    hold: bool = False  # workspace strategy: the forward's one chunk of all rows is kept for the backward
     tma: bool = False  # the tl.dot kernels' TMA variant (opt-in, env LUDIC_FAST_TMA=1; see `tma_requested`)
 
     @staticmethod
@@ -71,6 +74,7 @@ class KernelConfig:
             precision="ieee" if dtype == torch.float32 else "tf32",
             rows=plan.token_rows,
             grad_block=(plan.grad_rows, plan.grad_cols),
+            hold=plan.hold_logits,
             tma=tma_requested(),
         )
 
@@ -225,16 +229,17 @@ def grad_launch(h: Tensor, w: Tensor, tma: bool) -> dict:
 
 
 class _HeadFunctionBase(torch.autograd.Function):
-    """Shared forward/backward bookkeeping; subclasses implement `_stats` and choose the backward's d(raw)
-    producer (`_TL_DOT_GRAD`: the tl.dot gradient kernel, else GEMM + row kernel)."""
+    """Shared forward/backward bookkeeping; subclasses implement `_stats` (the statistics, and the raw logits
+    of all rows when the plan holds them, else None) and choose the backward's d(raw) producer
+    (`_TL_DOT_GRAD`: the tl.dot gradient kernel, else GEMM + row kernel)."""
 
     _TL_DOT_GRAD = False
 
     @classmethod
     def forward(cls, ctx, h, w, b, tgt, inv_t, cfg: KernelConfig, with_entropy: bool):  # type: ignore[override]
-        lse, elp, lp, ent = cls._stats(h, w, b, tgt, inv_t, cfg, with_entropy)
+        lse, elp, lp, ent, held = cls._stats(h, w, b, tgt, inv_t, cfg, with_entropy)
         ctx.save_for_backward(h, w, b, tgt, inv_t, lse, elp)
-        ctx.cfg, ctx.with_entropy = cfg, with_entropy
+        ctx.cfg, ctx.with_entropy, ctx.held = cfg, with_entropy, held
         ctx.mark_non_differentiable(lse)
         return lp, ent, lse
 
@@ -245,7 +250,9 @@ class _HeadFunctionBase(torch.autograd.Function):
         n = h.shape[0]
         g_lp = torch.zeros(n, device=h.device, dtype=torch.float32) if g_lp is None else _upstream(g_lp, n)
         g_H = _upstream(g_H, n) if ctx.with_entropy else None
-        grads = _block_grads(h, w, b, tgt, inv_t, lse, elp, g_lp, g_H, need, ctx.cfg, cls._TL_DOT_GRAD)
+        # d(raw) overwrites the held logits: a second backward (retain_graph) recomputes them
+        held, ctx.held = ctx.held, None
+        grads = _block_grads(h, w, b, tgt, inv_t, lse, elp, g_lp, g_H, need, ctx.cfg, cls._TL_DOT_GRAD, held)
         return (
             *(None if g is None else g.to(x.dtype) for g, x in zip(grads, (h, w, b))),
             None,
@@ -255,13 +262,13 @@ class _HeadFunctionBase(torch.autograd.Function):
         )
 
 
-def _block_grads(h, w, b, tgt, inv_t, lse, elp, g_lp, g_H, need, cfg, tl_dot: bool):
+def _block_grads(h, w, b, tgt, inv_t, lse, elp, g_lp, g_H, need, cfg, tl_dot: bool, held: Tensor | None = None):
     """(dh, dW, db), None where not needed. Blocks of the plan (vocabulary slices over all tokens when the
     budget allows). Per block, d(raw) in the input dtype: `tl_dot` — the tl.dot gradient kernel recomputes
-    the logits in registers (a [block] buffer of the input dtype); else fp32 raw logits (GEMM, beta = 0), then
-    the row kernel over the same memory. Then dh[r] (+)= d W[c], dW[c] (+)= d^T h[r]. dh is fp32 only when
-    there are several slices, dW only when there are several token chunks; otherwise each is one GEMM into
-    the input dtype."""
+    the logits in registers (a [block] buffer of the input dtype); else fp32 raw logits (GEMM, beta = 0, or
+    `held`: the forward's [N, V] raw logits, the plan's one block), then the row kernel over the same memory.
+    Then dh[r] (+)= d W[c], dW[c] (+)= d^T h[r]. dh is fp32 only when there are several slices, dW only when
+    there are several token chunks; otherwise each is one GEMM into the input dtype."""
     n, v = h.shape[0], w.shape[0]
     rows_per, cols_per = cfg.grad_block
     row_chunks, slices = -(-n // rows_per), -(-v // cols_per)
@@ -271,7 +278,10 @@ def _block_grads(h, w, b, tgt, inv_t, lse, elp, g_lp, g_H, need, cfg, tl_dot: bo
     db = torch.zeros(v, device=dev, dtype=torch.float32) if need[2] else None
     if n == 0 or not any(need):
         return tuple(None if g is None else g.zero_() for g in (dh, dw, db))
-    buf = new_workspace(min(rows_per, n), min(cols_per, v), dev, h.dtype if tl_dot else torch.float32)
+    if held is not None and held.shape != (n, v):
+        raise ValueError(f"held logits must be [N, V] = {(n, v)}, got {tuple(held.shape)}")
+    buf = held if held is not None else new_workspace(min(rows_per, n), min(cols_per, v), dev,
+                                                      h.dtype if tl_dot else torch.float32)
     launch = grad_launch(h, w, cfg.tma) if tl_dot else None
     for ci, c0 in enumerate(range(0, v, cols_per)):
         c = slice(c0, min(v, c0 + cols_per))
@@ -285,7 +295,8 @@ def _block_grads(h, w, b, tgt, inv_t, lse, elp, g_lp, g_H, need, cfg, tl_dot: bo
                                  scale=cfg.scale, softcap=cfg.softcap, upcast=cfg.upcast, precision=cfg.precision,
                                  **launch)
             else:
-                gemm_into(ws, h[r], w[c].T, accumulate=False)
+                if held is None:
+                    gemm_into(ws, h[r], w[c].T, accumulate=False)
                 d = operand_view(ws, h.dtype)
                 launch_head_rows(ws, b, tgt[r], inv_t[r], lse[r], elp[r], None, g_lp[r], g_H_r, col_start=c0,
                                  scale=cfg.scale, softcap=cfg.softcap, entropy=g_H is not None, stats=False, d=d)
@@ -321,11 +332,15 @@ class FusedHeadFunction(_HeadFunctionBase):
     kernel."""
 
     _TL_DOT_GRAD = True
-    _stats = staticmethod(fused_stats)
+
+    @staticmethod
+    def _stats(h, w, b, tgt, inv_t, cfg, with_entropy):
+        return *fused_stats(h, w, b, tgt, inv_t, cfg, with_entropy), None
 
 
 class WorkspaceHeadFunction(_HeadFunctionBase):
-    """Workspace strategy: cuBLAS GEMM into an fp32 chunk of whole vocabulary rows + the row kernel."""
+    """Workspace strategy: cuBLAS GEMM into an fp32 chunk of whole vocabulary rows + the row kernel; with
+    `cfg.hold` the one chunk of all rows is returned for the backward (the row kernel leaves it unchanged)."""
 
     @staticmethod
     def _stats(h, w, b, tgt, inv_t, cfg, with_entropy):
@@ -343,7 +358,7 @@ class WorkspaceHeadFunction(_HeadFunctionBase):
         valid = tgt >= 0
         zero = torch.zeros_like(lse)
         ent = torch.where(valid, ent, zero) if with_entropy else zero
-        return lse, elp, torch.where(valid, zy - lse, zero), ent
+        return lse, elp, torch.where(valid, zy - lse, zero), ent, buf if cfg.hold else None
 
 
 @torch.compiler.disable  # outside torch.compile: see ludic_fast.ops

@@ -246,3 +246,42 @@ def test_tma_variant_matches_reference(case, chunk_elements, descriptors, monkey
     grad_tol = 1e-5 if case.dtype == torch.float32 else 1.5e-2
     for name, got, want in zip(("hidden", "weight", "bias"), grads, ref_grads):
         assert got.dtype == case.dtype and _max_rel(got.cpu(), want) <= grad_tol, (name, _max_rel(got.cpu(), want))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_held_logits_are_not_recomputed_and_a_second_backward_recomputes_them(dtype, monkeypatch):
+    """A workspace plan of one chunk of all N rows keeps the forward's fp32 raw logits for the backward, which
+    writes d(raw) over them: its GEMMs are dh and dW only (6NDV in all). A second backward (retain_graph) finds
+    them overwritten and recomputes them. Both backwards equal the reference."""
+    from ludic_fast.ops import triton_head
+    from ludic_fast.ops.plan import plan_head
+
+    monkeypatch.setenv("LUDIC_FAST_TRITON_STRATEGY", "workspace")
+    n, v, d = 5, 1021, 40
+    assert plan_head(n, d, v, dtype=dtype, device=DEVICE, strategy="workspace").hold_logits
+    case = Case("x", dtype, n, v, d, "per-token", softcap=5.0, bias=True, ignore=True)
+    hidden, weight, bias, targets, temperature, g_lp, g_h = _inputs(case, seed=11)
+    gemms = []
+    gemm_into = triton_head.gemm_into
+
+    def counted(out, a, b, *, accumulate):
+        gemms.append(tuple(out.shape))
+        gemm_into(out, a, b, accumulate=accumulate)
+
+    monkeypatch.setattr(triton_head, "gemm_into", counted)
+    leaves = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
+    out = linear_logprobs(leaves[0], leaves[1], targets, bias=leaves[2], temperature=temperature, softcap=5.0,
+                          backend="triton")
+    assert gemms == [(n, v)]
+    first = torch.autograd.grad((out.logprobs, out.entropy), leaves, (g_lp, g_h), retain_graph=True)
+    assert gemms[1:] == [(n, d), (v, d)]  # dh and dW from the held logits
+    second = torch.autograd.grad((out.logprobs, out.entropy), leaves, (g_lp, g_h))
+    assert gemms[3:] == [(n, v), (n, d), (v, d)]  # the logits again, then dh and dW
+    ref_leaves = [x.float().cpu().requires_grad_() for x in (hidden, weight, bias)]
+    ref = reference.linear_logprobs(ref_leaves[0], ref_leaves[1], targets.cpu(), bias=ref_leaves[2], softcap=5.0,
+                                    temperature=temperature.cpu())
+    ref_grads = torch.autograd.grad((ref.logprobs, ref.entropy), ref_leaves, (g_lp.cpu(), g_h.cpu()))
+    grad_tol = 1e-5 if dtype == torch.float32 else 1.5e-2
+    for name, a, b, want in zip(("hidden", "weight", "bias"), first, second, ref_grads):
+        assert _max_rel(a.cpu(), want) <= grad_tol and _max_rel(b.cpu(), want) <= grad_tol, name
+        assert _max_rel(b.cpu(), a.cpu()) <= (1e-6 if dtype == torch.float32 else 8e-3), name
