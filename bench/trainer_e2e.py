@@ -3,6 +3,8 @@ grad clipping, AdamW — on a Llama-architecture model built from a config (rand
 
 - `ours-padded`, `ours-packed`: `ludic_fast.trainer.Trainer` (fused-loss head), padded or packed micro-batch;
 - `ours-padded+kernels`, `ours-packed+kernels`: the same with Liger-Kernel's body kernels (CUDA only);
+- `ours-padded+compile`, `ours-packed+compile`: the same with each decoder layer under `torch.compile`
+  (`TrainerConfig.compile_body`; its compile falls in the warm-up step; only when named in `--paths`);
 - `reference`: the same Trainer with the micro-batch loss taken through the model's logits [B, T, V] and
   `ludic_fast.reference.CISPOLoss` (how Ludic master computes it);
 - `trl`: stock TRL GRPOTrainer (`loss_type="cispo"`): `compute_loss` on the same sequences (prompt / completion
@@ -61,8 +63,10 @@ from torch.profiler import record_function
 from ludic_fast.benchmark.worker import RESULT_PREFIX, PeakMemory
 from ludic_fast.run.atomic_io import atomic_write_text
 
-PATHS = ("ours-padded", "ours-packed", "ours-padded+kernels", "ours-packed+kernels", "reference", "trl", "trl+liger",
-         "trl-fast")
+PATHS = ("ours-padded", "ours-packed", "ours-padded+kernels", "ours-packed+kernels", "ours-padded+compile",
+         "ours-packed+compile", "reference", "trl", "trl+liger", "trl-fast")
+#: --paths' default: every path but the compiled ones (a compile of minutes on the CPU; name them to race them)
+DEFAULT_PATHS = tuple(p for p in PATHS if not p.endswith("+compile"))
 SHAPES = {
     "small": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 4, "tie_word_embeddings": False},
@@ -112,8 +116,9 @@ def run_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--length-spread", type=float, default=0.5, help="lengths uniform in [(1 - spread) L, L]")
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--paths", default=",".join(PATHS),
-                   help=f"comma-separated subset of {', '.join(PATHS)}; a packed one may add ':ATTENTION'")
+    p.add_argument("--paths", default=",".join(DEFAULT_PATHS),
+                   help=f"comma-separated subset of {', '.join(PATHS)} (default: all but +compile); a packed "
+                        "one may add ':ATTENTION'")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="every path recomputes each layer's activations in the backward (default: off for all)")
     return p
@@ -220,6 +225,7 @@ def _ours_step(args: argparse.Namespace, path: str):
     cfg = TrainerConfig(model_device=args.device, pad_token_id=0, sync_every_steps=0, max_seq_len=args.seq_len,
                         micro_token_budget=tokens, layout="packed" if "packed" in base else "padded",
                         packed_attention=attention, body_kernels=base.endswith("+kernels"),
+                        compile_body=base.endswith("+compile"),
                         gradient_checkpointing=args.gradient_checkpointing,
                         mixed_precision_dtype="bf16" if args.dtype == "mixed-bf16" else None)
     cls = ReferencePathTrainer if base == "reference" else Trainer

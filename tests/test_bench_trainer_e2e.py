@@ -349,3 +349,16 @@ def test_find_max_ends_an_attempt_still_running_at_its_share(tmp_path, monkeypat
     # its share; reference then searched in the rest
     assert timeouts[0][0] == "ours-packed" and 0 < timeouts[0][1] <= 50  # about half of the 100 s
     assert all(0 < t <= 100 for _, t in timeouts) and any(p == "reference" for p, _ in timeouts)
+
+
+def test_compile_paths_compile_every_decoder_layer_and_only_when_named():
+    """`+compile` runs the Trainer with compile_body (each decoder layer under torch.compile, which compiles
+    at the first call: building the step compiles nothing); the default --paths leave them out."""
+    bench = _bench()
+    args = bench.resolve(bench._parser().parse_args(["--vocab", "256", "--hidden", "32", "--layers", "2",
+                                                     "--seqs", "2", "--seq-len", "24"]))
+    assert not any(p.endswith("+compile") for p in args.paths.split(","))
+    for path, compiled in (("ours-packed+compile", True), ("ours-padded", False)):
+        _, _, model = bench.build_step(args, path)
+        layers = model.model.layers
+        assert [layer._compiled_call_impl is not None for layer in layers] == [compiled] * len(layers), path
