@@ -48,6 +48,24 @@ def _flops(loss_fn, batch, h, W, **kw):
     return fc.get_total_flops()
 
 
+@pytest.mark.parametrize("name", COUPLED)
+def test_a_coupled_loss_in_one_chunk_is_6ndv(name):
+    """One chunk of all N rows: the gradient pass takes the statistics pass's chunk, logits and all (no second
+    logits GEMM); the loss and gradients equal the two-chunk run's."""
+    batch, h, W, N = _big_batch()
+    loss_fn = _loss(name)
+    D, V = h.shape[-1], W.shape[0]
+    assert _flops(loss_fn, batch, h, W, chunk_elements=N * V) == 6 * N * D * V
+    grads = []
+    for chunk in (N * V, 16 * V):
+        h.grad = W.grad = None
+        loss, _ = loss_fn(batch, hidden=h, weight=W, chunk_elements=chunk)
+        loss.backward()
+        grads.append((loss.detach(), h.grad.clone(), W.grad.clone()))
+    for one, two in zip(*grads):
+        torch.testing.assert_close(one, two, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", TOKEN_LOCAL + COUPLED)
 def test_fused_flops_are_6ndv_token_local_8ndv_coupled(name):
     batch, h, W, N = _big_batch()

@@ -424,3 +424,17 @@ def test_the_element_rule_holds_one_chunk_of_all_rows():
     assert P.plan_head(n, d, v, device="h200", chunk_elements=n * v, **kw).hold_logits
     split = P.plan_head(n, d, v, device="h200", chunk_elements=n * v - 1, **kw)
     assert not split.hold_logits and split.token_rows < n
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_coupled_loss_in_one_chunk_is_priced_6ndv(backend):
+    """This release's fused loss runs a coupled loss's gradient pass on its statistics pass's chunk when one
+    chunk holds every row (tests/test_losses_cost.py counts the FLOPs): 6NDV; two chunks recompute (8NDV)."""
+    n, d, v = 2048, 4096, 151936
+    kw = {"mode": "coupled", "device": "h100", "backend": backend, "kernels": P.KERNELS}
+    if backend == "triton":
+        kw["strategy"] = "workspace"
+    one = P.plan_head(n, d, v, chunk_elements=n * v, **kw)
+    two = P.plan_head(n, d, v, chunk_elements=n * v // 2, **kw)
+    assert dict(one.terms)["gemm"] == pytest.approx(6 * n * d * v / 765e12)
+    assert dict(two.terms)["gemm"] == pytest.approx(8 * n * d * v / 765e12, rel=0.02)

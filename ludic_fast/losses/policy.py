@@ -3,7 +3,8 @@ inside CISPO, ScaleRL and SAPO, with the options they share (`PolicyOptions`: ag
 penalty, entropy bonus and masking, RL-ZVP advantages). Calling conventions: `ludic_fast.losses.base`.
 
 r_t = exp(lp_t - actor_logp_t) per action token, A_t the advantage (batch['weight'] [S] broadcast, or
-batch['advantages'] per token). Token-local unless top-ρ entropy masking or RL-ZVP is on (coupled: 8NDV).
+batch['advantages'] per token). Token-local unless top-ρ entropy masking or RL-ZVP is on (coupled: 8NDV, 6NDV in
+one chunk).
 The PPO clipped surrogate, CISPO's weight, SAPO's gate and the KL estimators are written once, in
 `ludic_fast.losses.policy_terms`.
 """

@@ -5,7 +5,7 @@ entropy bonus. Calling conventions and notation: `ludic_fast.losses.base`.
 Notation as Ludic's losses (github.com/joanvelja/ludic): S the number of sequences, O_b =
 batch[old_logp_key] (/ n_b when length_normalize), A from batch['weight'] [S] (or per token from
 batch['advantages']). `mean_b` averages over all S sequences. The sequence-level IS ratio couples a
-sequence's tokens (two-pass fused mode, 8NDV); the others are token-local (one pass, 6NDV).
+sequence's tokens (two-pass fused mode, 8NDV; 6NDV in one chunk); the others are token-local (one pass, 6NDV).
 """
 
 from __future__ import annotations

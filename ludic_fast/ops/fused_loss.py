@@ -16,7 +16,8 @@ dW = d(raw)^T (grad_output h) in the backward: no pass over the [V, D] gradient 
 Sequence-coupled losses (g at t depends on other tokens: sequence ratios, per-response max entropy,
 batch quantiles): pass 1 computes lp and H of all tokens without gradients (2NDV), the objective's
 gradient on the whole O(N) vectors gives every (g_lp, g_H), then the same chunk loop forms the head
-gradients (6NDV): 8NDV in all. When fewer than 16 whole vocabulary rows fit in the chunk budget the
+gradients (6NDV): 8NDV in all; when one chunk holds every row, the second pass takes the first pass's chunk
+with its logits (6NDV in all). When fewer than 16 whole vocabulary rows fit in the chunk budget the
 vocabulary is sliced and the token-local path needs a statistics sweep first (8NDV as well).
 A coupled loss whose tokens couple only within groups (`FusedPlan.groups`: a preference pair, a sequence)
 runs the token-local single pass on row chunks made of whole groups when every group fits a chunk (6NDV); on
@@ -366,12 +367,17 @@ class FusedLossFunction(torch.autograd.Function):
 
         two_pass = plan.coupled and group_chunks is None
         whole = None  # the objective's value on all tokens, once a gradient call took it (the loss then)
+        kept = None  # two passes over one chunk: the first pass's chunk (its logits made) serves the second
         if two_pass:  # pass 1: statistics of every token, then all per-token gradients at once
             for rows in chunks:
-                set_stats(rows, make(rows).stats())
+                chunk = make(rows)
+                set_stats(rows, chunk.stats())
+                kept = chunk if len(chunks) == 1 else None
+                del chunk
             g_lp, g_H, whole = _token_grads(plan.objective, lp, H, None)
         for rows in chunks:
-            chunk = make(rows)
+            chunk = kept if kept is not None else make(rows)
+            kept = None
             if two_pass:
                 g_lp_c, g_H_c = g_lp[rows], None if g_H is None else g_H[rows]
             else:
@@ -476,7 +482,8 @@ def fused_head_loss(
     hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, plan: FusedPlan
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """(loss, lp, H) for head rows `hidden [n, D]` scoring `targets [n]`; loss differentiable w.r.t. hidden,
-    weight and bias at 6NDV (token-local) or 8NDV (coupled) matmul FLOPs; lp and H are detached."""
+    weight and bias at 6NDV (token-local) or 8NDV (coupled; 6NDV in one chunk) matmul FLOPs; lp and H are
+    detached."""
     if hidden.ndim != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(f"hidden must be [n, D] and targets [n]; got {tuple(hidden.shape)}, {tuple(targets.shape)}")
     apply = _apply_outside_compile if plan.backend == "triton" else FusedLossFunction.apply  # see ludic_fast.ops

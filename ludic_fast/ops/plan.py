@@ -183,9 +183,10 @@ class KernelCosts:
     a GPU): `auto` takes that strategy only where it is predicted faster even so (1.0 once measured).
     `deferred_dw`: a fused-loss plan of one token chunk whose d(raw) buffer is no larger than dW forms dW in the
     backward, one GEMM with the upstream gradient folded into h (`s.e` bytes per dW element, no scale pass);
-    several fp32 contributions end in one pass that scales and casts (4 + `s.e`). `hold_logits`: the
-    workspace head op with autograd may keep its forward's one chunk of all N rows for the backward
-    (`HeadPlan.hold_logits`). Host time: a call's host
+    several fp32 contributions end in one pass that scales and casts (4 + `s.e`). `hold_logits`: one chunk of
+    all N rows serves the call's next pass instead of a recompute: the workspace head op with autograd may
+    keep its forward's for the backward (`HeadPlan.hold_logits`), a coupled loss in one chunk runs its
+    gradient pass on its statistics pass's logits (6NDV). Host time: a call's host
     work (its host syncs, the Python glue and, in the fused-loss modes, the loss objective evaluated on the host
     between the kernels) of `host_loss_s` (fused-loss modes) or `host_head_s` (the head op with autograd)
     seconds, of which the part the device's own time t hides, `host_overlap` t, is not charged: the term is
@@ -387,7 +388,7 @@ def _fused_loss_chunks(c: _Cost, rows: int, coupled: bool, stage: int | None, tl
         c.traffic("epilogue", k.fused_grad_bytes * s.n * s.v)
         c.launches(2 * chunks)  # the forward's merge, the gradient kernel
     else:
-        if coupled:
+        if coupled and (chunks > 1 or not k.hold_logits):  # one chunk: its statistics pass serves the second
             _workspace_forward(c, rows)
         for count, r in _pieces(s.n, rows):
             c.gemm("gemm", r, s.v, s.d, count)
@@ -465,7 +466,8 @@ def _price(s: _Shape, mode: str, strategy: str, cand: _Candidate) -> _Cost:
     c = _Cost(s)
     fused_modes = mode in ("fused_loss", "coupled")
     if strategy == "torch" or cols < s.v:  # the torch backend, or the sliced-vocabulary fused loss
-        passes = {"forward": 1, "generic": 2, "coupled": 2}.get(mode, 1 if cols == s.v else 2)
+        one_chunk = s.k.hold_logits and rows >= s.n and cols == s.v  # a coupled loss's passes share it
+        passes = {"forward": 1, "generic": 2, "coupled": 1 if one_chunk else 2}.get(mode, 1 if cols == s.v else 2)
         _torch_blocks(c, rows, cols, passes, mode != "forward")
     elif fused_modes:
         _fused_loss_chunks(c, rows, mode == "coupled", stage, tl_dot=strategy == "fused")
