@@ -32,7 +32,7 @@ is indexed by `nonzero` again. The host also knows the range of those rows' targ
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -81,10 +81,12 @@ def _positions(batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor, int]:
 @dataclass(frozen=True)
 class _HostRows:
     """What collation knew on the host about a batch's action rows: the tensors they were computed from (each
-    with its version counter) and the (min, max) of their targets (None: no action row)."""
+    with its version counter), the (min, max) of their targets (None: no action row) and the offsets in the
+    rows' order where the sequence changes (None: not given)."""
 
     sources: tuple[tuple[str, weakref.ref | None, int], ...]
     target_bounds: tuple[int, int] | None
+    sequence_starts: tuple[int, ...] | None
 
     def holds_for(self, batch: Mapping[str, Tensor]) -> bool:
         """Whether `batch` still has those very tensors, unchanged."""
@@ -101,11 +103,13 @@ class _HostRows:
 _HOST_ROWS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def attach_action_rows(batch: MutableMapping[str, Tensor], rows: Tensor,
-                       target_bounds: tuple[int, int] | None) -> None:
+def attach_action_rows(batch: MutableMapping[str, Tensor], rows: Tensor, target_bounds: tuple[int, int] | None,
+                       sequence_starts: Sequence[int] | None = None) -> None:
     """Set batch[ACTION_ROWS] = rows, the action rows of `batch` computed on the host (`nonzero(nxt > 0)` of
-    `from_batch`, ascending, long, on the batch's device), and `target_bounds` = (min, max) of x[j+1] over those
-    rows (None when there are none). They hold for the batch's current input_ids, action_mask and cu_seqlens;
+    `from_batch`, ascending, long, on the batch's device), `target_bounds` = (min, max) of x[j+1] over those
+    rows (None when there are none) and `sequence_starts`, the offsets in that order where the sequence changes
+    (`TokenBatch.sequence_starts`; None: unknown). They hold for the batch's current input_ids, action_mask and
+    cu_seqlens;
     `from_batch` uses them while those tensors are the same objects, unchanged in place. Not attached to
     inference tensors (they keep no version counter)."""
     values = [batch.get(key) for key in _ROW_SOURCES]
@@ -114,7 +118,8 @@ def attach_action_rows(batch: MutableMapping[str, Tensor], rows: Tensor,
     sources = tuple((key, None, 0) if v is None else (key, weakref.ref(v), v._version)
                     for key, v in zip(_ROW_SOURCES, values))
     batch[ACTION_ROWS] = rows
-    _HOST_ROWS[rows] = _HostRows(sources, target_bounds)
+    starts = None if sequence_starts is None else tuple(int(i) for i in sequence_starts)
+    _HOST_ROWS[rows] = _HostRows(sources, target_bounds, starts)
 
 
 def _host_rows(batch: Mapping[str, Tensor]) -> _HostRows | None:
@@ -208,6 +213,13 @@ class TokenBatch:
             seqs["prompt"], seqs["n_prompts"] = _dense_groups(seqs["group_id"])
         _check_macro_totals(batch, n_seq)
         return cls(rows, tokens, seqs, n_seq, mask.sum(), batch)
+
+    def sequence_starts(self) -> list[int] | None:
+        """Offsets in the flat token order where the sequence id changes, as the batch's collation computed them
+        on the host (no host sync); None when it did not (a batch without its collation's action rows, or
+        changed since) and for a subset."""
+        host = _host_rows(self.batch) if self.parent is None else None
+        return None if host is None or host.sequence_starts is None else list(host.sequence_starts)
 
     def subset(self, sel: slice) -> TokenBatch:
         """The tokens `sel` (a slice of the flat order) with every per-sequence constant unchanged."""

@@ -31,6 +31,7 @@ from ludic_fast.data.types import (
     Step,
     TokenTrace,
 )
+from ludic_fast.token_batch import ACTION_ROWS, TokenBatch
 
 
 def _item(ids, action_mask=None, logps=None, weight=1.0, meta=None):
@@ -387,3 +388,45 @@ def test_a_mask_changed_after_the_item_was_made_is_refused(collate):
     item.action_mask.append(1)
     with pytest.raises(ValueError, match="length differs from input_ids"):
         collate([_item([4, 5], [0, 1]), item])
+
+
+@st.composite
+def _masked_items(draw):
+    """1-6 items of 2-9 tokens with any action mask (some without an action token, some with one at 0)."""
+    items = []
+    for _ in range(draw(st.integers(1, 6))):
+        length = draw(st.integers(2, 9))
+        mask = draw(st.lists(st.integers(0, 1), min_size=length, max_size=length))
+        items.append(_item(list(range(1, length + 1)), mask, [-1.0] * sum(mask)))
+    return items
+
+
+@settings(max_examples=60, deadline=None)
+@given(_masked_items(), st.sampled_from(["padded", "packed"]))
+def test_collation_knows_where_each_sequence_starts_among_the_action_tokens(items, layout):
+    """TokenBatch.sequence_starts of a collated batch (computed on the host) is where its device index's
+    sequence id changes; a batch without its collation's rows, or changed since, knows none."""
+    batch = collate_saw_items(items, pad_token_id=0) if layout == "padded" else collate_packed(items)
+    tb = TokenBatch.from_batch(batch)
+    assert tb.sequence_starts() == (torch.nonzero(tb.seq[1:] != tb.seq[:-1]).squeeze(1) + 1).tolist()
+    assert TokenBatch.from_batch({k: v for k, v in batch.items() if k != ACTION_ROWS}).sequence_starts() is None
+    assert tb.subset(slice(0, tb.n)).sequence_starts() is None
+    batch["action_mask"].add_(0)  # an in-place change: the host's rows no longer hold
+    assert TokenBatch.from_batch(batch).sequence_starts() is None
+
+
+def test_gspo_on_a_collated_batch_runs_one_pass_over_whole_sequences():
+    """The trainer's collation to GSPO's fused head: 4 sequences of 9 action tokens each (36 in all) in chunks
+    of 16 rows hold whole sequences (one each: 9 + 9 > 16) and take one pass, 6NDV, as a FLOP counter sees it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    items = [_item(list(range(1, 11)), [0] + [1] * 9, [-1.0 - 0.1 * k] * 9, weight=1.0 - k) for k in range(4)]
+    batch = collate_packed(items)
+    g = torch.Generator().manual_seed(0)
+    D, V = 8, 37
+    hidden = torch.randn(1, batch["input_ids"].shape[1], D, generator=g, requires_grad=True)
+    weight = torch.randn(V, D, generator=g, requires_grad=True)
+    with FlopCounterMode(display=False) as fc:
+        loss, _ = losses.ClippedSurrogateLoss(0.1, 0.1)(batch, hidden=hidden, weight=weight, chunk_elements=16 * V)
+        loss.backward()
+    assert fc.get_total_flops() == 6 * 36 * D * V

@@ -13,6 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ludic_fast import losses as L
 from ludic_fast import reference as R
+from ludic_fast.token_batch import TokenBatch, attach_action_rows
 
 
 def _big_batch(seed=0, B=4, T=40, D=24, V=160):
@@ -46,6 +47,44 @@ def _flops(loss_fn, batch, h, W, **kw):
         loss, _ = loss_fn(batch, hidden=h, weight=W, **kw)
         loss.backward()
     return fc.get_total_flops()
+
+
+def _with_sequence_starts(batch: dict) -> dict:
+    """The batch with its action rows, target bounds and sequence starts attached as the trainer's collation
+    attaches them (here from TokenBatch's own device index: the starts are where its sequence id changes)."""
+    tb = TokenBatch.from_batch(batch)
+    starts = (torch.nonzero(tb.seq[1:] != tb.seq[:-1]).squeeze(1) + 1).tolist()
+    out = dict(batch)
+    attach_action_rows(out, tb.rows, (int(tb.targets.min()), int(tb.targets.max())), starts)
+    return out
+
+
+@pytest.mark.parametrize("name", ["reinforce", "reinforce_ln", "reinforce_baseline", "gspo", "gspo_token",
+                                  "zvp_cispo"])
+def test_sequence_coupled_losses_run_one_pass_over_whole_sequences(name):
+    """A loss coupled only within a sequence, given the sequences' starts on the host (the trainer's collation):
+    chunks of whole sequences, one pass, 6NDV where the same chunking without them takes two passes (8NDV);
+    the same loss and gradients. make_batch's sequences have 7, 4, 0 and 7 action tokens: 16-row chunks."""
+    batch, h, W, b = make_batch(0)
+    loss_fn = _loss(name)
+    assert loss_fn.coupling_groups(TokenBatch.from_batch(batch)) is None  # no starts known: two passes
+    n, D, V = int(TokenBatch.from_batch(batch).n), h.shape[-1], W.shape[0]
+    results = {}
+    for kind, data in (("starts", _with_sequence_starts(batch)), ("plain", batch)):
+        assert _flops(loss_fn, data, h, W, chunk_elements=16 * V) == (6 if kind == "starts" else 8) * n * D * V
+        h.grad = W.grad = None
+        loss, _ = loss_fn(data, hidden=h, weight=W, chunk_elements=16 * V)
+        loss.backward()
+        results[kind] = (loss.detach(), h.grad.clone(), W.grad.clone())
+    for one, two in zip(results["starts"], results["plain"]):
+        torch.testing.assert_close(one, two, rtol=1e-5, atol=1e-6)
+
+
+def test_top_rho_couples_the_whole_batch_even_with_sequence_starts():
+    batch, h, W, b = make_batch(0)
+    tb = TokenBatch.from_batch(_with_sequence_starts(batch))
+    assert tb.sequence_starts() == [7, 11] and _loss("zvp_cispo").coupling_groups(tb) == [7, 11]
+    assert _loss("ppo_zvp_toprho").coupling_groups(tb) is None
 
 
 @pytest.mark.parametrize("name", COUPLED)

@@ -324,17 +324,18 @@ def _actor_logps(items: Sequence[SAWItem], action_mask: np.ndarray) -> Tensor:
 
 
 def _host_action_rows(ids: np.ndarray, mask: np.ndarray, starts: np.ndarray
-                      ) -> tuple[Tensor, tuple[int, int] | None]:
+                      ) -> tuple[Tensor, tuple[int, int] | None, list[int]]:
     """The action rows of a collated layout, from its flat host arrays: row p - 1 for every flat position p
     with M[p] > 0 that is not a sequence's first token (`starts`: padded b T, packed the offsets), i.e.
-    `TokenBatch.from_batch`'s `nonzero(nxt > 0)`; and the (min, max) of their targets x[p] (None: no action
-    row)."""
+    `TokenBatch.from_batch`'s `nonzero(nxt > 0)`; the (min, max) of their targets x[p] (None: no action row);
+    and the offsets in that row order where the sequence changes."""
     action = mask > 0
     action[starts] = False
     picked = np.flatnonzero(action)
     targets = ids[picked]
     bounds = (int(targets.min()), int(targets.max())) if picked.size else None
-    return torch.from_numpy(picked - 1), bounds
+    seq = np.searchsorted(starts, picked, side="right") - 1
+    return torch.from_numpy(picked - 1), bounds, (np.flatnonzero(seq[1:] != seq[:-1]) + 1).tolist()
 
 
 def _to_device(tensors: dict[str, Tensor], device: torch.device | str | None) -> dict[str, Tensor]:
@@ -368,14 +369,14 @@ def collate_saw_items(
     input_ids[real] = _flat(items, _INPUT_IDS, np.int64, total)
     attention_mask[real] = _flat(items, _ATTENTION_MASK, np.int64, total)
     action_mask[real] = _flat(items, _ACTION_MASK, np.float32, total)
-    rows, bounds = _host_action_rows(input_ids.reshape(-1), action_mask.reshape(-1), np.arange(B) * T)
+    rows, bounds, seq_starts = _host_action_rows(input_ids.reshape(-1), action_mask.reshape(-1), np.arange(B) * T)
     out = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention_mask),
            "action_mask": torch.from_numpy(action_mask), **_sequence_tensors(items, None, group_index, macro),
            ACTION_ROWS: rows}
     if "old_logp_action" in out:
         out["actor_logps"] = _actor_logps(items, action_mask)
     out = _to_device(out, device)
-    attach_action_rows(out, out[ACTION_ROWS], bounds)
+    attach_action_rows(out, out[ACTION_ROWS], bounds, seq_starts)
     return out
 
 
@@ -407,10 +408,10 @@ def collate_packed(
     }
     if "old_logp_action" in out:
         out["actor_logps"] = _actor_logps(items, action_mask)[None]
-    rows, bounds = _host_action_rows(input_ids, action_mask, starts)
+    rows, bounds, seq_starts = _host_action_rows(input_ids, action_mask, starts)
     out = _to_device({**out, ACTION_ROWS: rows}, device)
     out[CU_SEQLENS_HOST] = cu_seqlens
-    attach_action_rows(out, out[ACTION_ROWS], bounds)
+    attach_action_rows(out, out[ACTION_ROWS], bounds, seq_starts)
     return out
 
 

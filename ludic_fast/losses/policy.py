@@ -3,8 +3,9 @@ inside CISPO, ScaleRL and SAPO, with the options they share (`PolicyOptions`: ag
 penalty, entropy bonus and masking, RL-ZVP advantages). Calling conventions: `ludic_fast.losses.base`.
 
 r_t = exp(lp_t - actor_logp_t) per action token, A_t the advantage (batch['weight'] [S] broadcast, or
-batch['advantages'] per token). Token-local unless top-ρ entropy masking or RL-ZVP is on (coupled: 8NDV, 6NDV in
-one chunk).
+batch['advantages'] per token). Token-local unless top-ρ entropy masking or RL-ZVP is on (coupled: RL-ZVP within
+a response, so one pass over chunks of whole responses when the batch's collation gave their starts; top-ρ
+across the batch, 8NDV, 6NDV in one chunk).
 The PPO clipped surrogate, CISPO's weight, SAPO's gate and the KL estimators are written once, in
 `ludic_fast.losses.policy_terms`.
 """
@@ -84,6 +85,10 @@ class _TokenPolicyLoss(HeadLoss, PolicyOptions):
     @property
     def coupled(self) -> bool:  # type: ignore[override]
         return self.entropy_top_rho is not None or self.alpha_zvp is not None
+
+    def coupling_groups(self, tb: TokenBatch) -> list[int] | None:
+        """RL-ZVP couples a response's tokens only (its max entropy); top-ρ the whole batch (a quantile)."""
+        return tb.sequence_starts() if self.entropy_top_rho is None else None
 
     @property
     def needs_entropy(self) -> bool:  # type: ignore[override]
@@ -244,7 +249,8 @@ def _cispo_term(lp: Tensor, ratio: Tensor, adv: Tensor, lo: float | None, hi: fl
 @dataclass
 class ZVPCISPOLoss(CISPOLoss):
     """RL-ZVP (arXiv 2509.21880) inside CISPO: zvp_direction +1 sequences get A_t = α sg(H_t), -1 get
-    A_t = -α (max over the response of sg(H) - sg(H_t)), 0 are CISPOLoss exactly. Coupled (8NDV)."""
+    A_t = -α (max over the response of sg(H) - sg(H_t)), 0 are CISPOLoss exactly. Coupled within a response:
+    one fused pass over whole responses (6NDV) when the batch's collation gave their starts, else 8NDV."""
 
     alpha_zvp: float | None = field(default=0.1, kw_only=False)
 

@@ -5,7 +5,9 @@ entropy bonus. Calling conventions and notation: `ludic_fast.losses.base`.
 Notation as Ludic's losses (github.com/joanvelja/ludic): S the number of sequences, O_b =
 batch[old_logp_key] (/ n_b when length_normalize), A from batch['weight'] [S] (or per token from
 batch['advantages']). `mean_b` averages over all S sequences. The sequence-level IS ratio couples a
-sequence's tokens (two-pass fused mode, 8NDV; 6NDV in one chunk); the others are token-local (one pass, 6NDV).
+sequence's tokens: the fused mode keeps sequences whole in its chunks and runs one pass (6NDV) when the batch's
+collation gave their starts (`TokenBatch.sequence_starts`), else two passes (8NDV; 6NDV in one chunk); the
+others are token-local (one pass, 6NDV).
 """
 
 from __future__ import annotations
@@ -43,11 +45,14 @@ def _sequence_is_stats(adv: Tensor, L: Tensor, ratio: Tensor, log_ratio: Tensor)
 
 
 class _SequenceISLoss(HeadLoss):
-    """loss = -mean_b sg(R_b) A_b L_b, R_b = exp(L_b - O_b): unclipped sequence IS (coupled, 8NDV)."""
+    """loss = -mean_b sg(R_b) A_b L_b, R_b = exp(L_b - O_b): unclipped sequence IS (coupled within a sequence)."""
 
     length_normalize: bool
     old_logp_key: str
     coupled = True
+
+    def coupling_groups(self, tb: TokenBatch) -> list[int] | None:
+        return tb.sequence_starts()  # R_b couples sequence b's tokens only
 
     def _advantage(self, tb: TokenBatch) -> tuple[Tensor, Stats]:
         return tb.per_seq("weight", type(self).__name__), {}
@@ -116,7 +121,8 @@ class ClippedSurrogateLoss(HeadLoss):
     """GSPO. ratio_level='sequence' (Ludic): obj_b = min(R'_b A_b, clip(R'_b, 1-ε_lo, 1+ε_hi) A_b),
     R_b = exp(L_b - O_b), R' = min(R, ratio_clip); loss = -mean_b obj_b.
     ratio_level='token' (GSPO-token): s_t = sg(R_b) exp(lp_t - sg(lp_t)) with per-token advantages,
-    o_t = min(s'_t A_t, clip(s'_t) A_t); loss = -mean_b sum_t M o_t / n_b. Both coupled (8NDV)."""
+    o_t = min(s'_t A_t, clip(s'_t) A_t); loss = -mean_b sum_t M o_t / n_b. Both couple a sequence's tokens only:
+    one fused pass over whole sequences (6NDV) when the batch's collation gave their starts, else two (8NDV)."""
 
     clip_eps_low: float = 3e-4
     clip_eps_high: float = 4e-4
@@ -130,6 +136,9 @@ class ClippedSurrogateLoss(HeadLoss):
         check_eps(self.clip_eps_low, self.clip_eps_high, self.ratio_clip)
         if self.ratio_level not in ("sequence", "token"):
             raise ValueError(f"ratio_level must be 'sequence' or 'token', got {self.ratio_level!r}")
+
+    def coupling_groups(self, tb: TokenBatch) -> list[int] | None:
+        return tb.sequence_starts()  # R_b couples sequence b's tokens only
 
     def objective(self, lp, H, tb, with_stats):
         name = type(self).__name__
