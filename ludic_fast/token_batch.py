@@ -109,9 +109,8 @@ def attach_action_rows(batch: MutableMapping[str, Tensor], rows: Tensor, target_
     `from_batch`, ascending, long, on the batch's device), `target_bounds` = (min, max) of x[j+1] over those
     rows (None when there are none) and `sequence_starts`, the offsets in that order where the sequence changes
     (`TokenBatch.sequence_starts`; None: unknown). They hold for the batch's current input_ids, action_mask and
-    cu_seqlens;
-    `from_batch` uses them while those tensors are the same objects, unchanged in place. Not attached to
-    inference tensors (they keep no version counter)."""
+    cu_seqlens; `from_batch` uses them while those tensors are the same objects, unchanged in place. Not
+    attached to inference tensors (they keep no version counter)."""
     values = [batch.get(key) for key in _ROW_SOURCES]
     if any(v is not None and v.is_inference() for v in values):  # no version counter: nothing to hold them to
         return
