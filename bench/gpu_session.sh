@@ -192,6 +192,10 @@ stage_profile() {  # the script bounds itself by --seconds; the stage's timeout 
     return "$rc"
 }
 
+selected() {  # selected STAGE: whether STAGES (when set) names it
+    [[ -z ${STAGES:-} || " $STAGES " == *" $1 "* ]]
+}
+
 snapshot() {  # the results folder so far into $OUT (this call's tarball)
     tar -czf "$OUT/results-$call.tar.gz" --exclude='./out*' -C "$RESULTS" . 2>/dev/null || true
 }
@@ -224,11 +228,11 @@ for call in "${CALLS[@]}"; do
     say "$call: ${call_seconds}s in all$( ((TINY)) && echo ', REHEARSAL on the CPU at tiny shapes')"
     last=
     for line in "${plan[@]:1}"; do  # the call's last selected stage
-        [[ -z ${STAGES:-} || " $STAGES " == *" ${line% *} "* ]] && last=${line% *}
+        selected "${line% *}" && last=${line% *}
     done
     for line in "${plan[@]:1}"; do
         stage=${line% *} given=$((${line#* } * TIME_SCALE))
-        if [[ -n ${STAGES:-} && " $STAGES " != *" $stage "* ]]; then
+        if ! selected "$stage"; then
             say "stage $stage not selected (STAGES=$STAGES)"
             continue
         fi
