@@ -31,6 +31,7 @@ from ludic_fast.data.types import (
     Step,
     TokenTrace,
 )
+from ludic_fast.losses.preference.common import group_starts
 from ludic_fast.token_batch import ACTION_ROWS, TokenBatch
 
 
@@ -408,7 +409,7 @@ def test_collation_knows_where_each_sequence_starts_among_the_action_tokens(item
     sequence id changes; a batch without its collation's rows, or changed since, knows none."""
     batch = collate_saw_items(items, pad_token_id=0) if layout == "padded" else collate_packed(items)
     tb = TokenBatch.from_batch(batch)
-    assert tb.sequence_starts() == (torch.nonzero(tb.seq[1:] != tb.seq[:-1]).squeeze(1) + 1).tolist()
+    assert tb.sequence_starts() == group_starts(tb.seq)
     assert TokenBatch.from_batch({k: v for k, v in batch.items() if k != ACTION_ROWS}).sequence_starts() is None
     assert tb.subset(slice(0, tb.n)).sequence_starts() is None
     batch["action_mask"].add_(0)  # an in-place change: the host's rows no longer hold

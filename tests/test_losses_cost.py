@@ -13,6 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ludic_fast import losses as L
 from ludic_fast import reference as R
+from ludic_fast.losses.preference.common import group_starts
 from ludic_fast.token_batch import TokenBatch, attach_action_rows
 
 
@@ -51,11 +52,10 @@ def _flops(loss_fn, batch, h, W, **kw):
 
 def _with_sequence_starts(batch: dict) -> dict:
     """The batch with its action rows, target bounds and sequence starts attached as the trainer's collation
-    attaches them (here from TokenBatch's own device index: the starts are where its sequence id changes)."""
+    attaches them (here from TokenBatch's own device index, where its sequence id changes: `group_starts`)."""
     tb = TokenBatch.from_batch(batch)
-    starts = (torch.nonzero(tb.seq[1:] != tb.seq[:-1]).squeeze(1) + 1).tolist()
     out = dict(batch)
-    attach_action_rows(out, tb.rows, (int(tb.targets.min()), int(tb.targets.max())), starts)
+    attach_action_rows(out, tb.rows, (int(tb.targets.min()), int(tb.targets.max())), group_starts(tb.seq))
     return out
 
 
